@@ -1,0 +1,1 @@
+"""Fold offline norms into the weights and export ONNX / TFLite."""

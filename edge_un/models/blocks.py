@@ -1,0 +1,87 @@
+"""Transformer building blocks written for export: chunked qkv, explicit attention, GELU.
+
+Nothing here branches on data in eval mode, and nothing indexes a packed tensor (indexing
+exports as Gather, which Ethos-U cannot run; ``chunk`` exports as Split).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..norms import make_norm
+
+
+def init_weights(module: nn.Module) -> None:
+    """Truncated-normal Linear weights (std 0.02) and zero biases, as in ViT/BERT."""
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with one packed qkv projection split by ``chunk``."""
+
+    def __init__(self, dim: int, heads: int, bias: bool = True) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim ({dim}) must be divisible by heads ({heads})")
+        self.heads = heads
+        self.head_dim = dim // heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+        self.proj = nn.Linear(dim, dim, bias=bias)
+
+    def forward(self, x: Tensor, key_pad_mask: Tensor | None = None) -> Tensor:
+        q, k, v = (self._split_heads(t) for t in self.qkv(x).chunk(3, dim=-1))
+        scores = (q * self.scale) @ k.transpose(-2, -1)
+        if key_pad_mask is not None:
+            # finfo.min, not -inf: a row with every key padded stays finite (uniform weights).
+            scores = scores.masked_fill(key_pad_mask[:, None, None, :], torch.finfo(x.dtype).min)
+        out = scores.softmax(dim=-1) @ v
+        return self.proj(out.transpose(1, 2).flatten(2))
+
+    def _split_heads(self, t: Tensor) -> Tensor:
+        return t.unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int, bias: bool = True) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden, bias=bias)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """Transformer block, pre-norm (``norm_first=True``) or post-norm."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        mlp_ratio: float,
+        norm: str,
+        norm_kwargs: dict[str, Any],
+        norm_first: bool = True,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.norm1 = make_norm(norm, dim, **norm_kwargs)
+        self.attn = Attention(dim, heads, bias=bias)
+        self.norm2 = make_norm(norm, dim, **norm_kwargs)
+        self.mlp = Mlp(dim, round(dim * mlp_ratio), bias=bias)
+
+    def forward(self, x: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        if self.norm_first:
+            x = x + self.attn(self.norm1(x, pad_mask), pad_mask)
+            return x + self.mlp(self.norm2(x, pad_mask))
+        x = self.norm1(x + self.attn(x, pad_mask), pad_mask)
+        return self.norm2(x + self.mlp(x), pad_mask)

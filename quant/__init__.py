@@ -1,0 +1,1 @@
+"""int8 post-training quantization per edge target, and its measurements."""
