@@ -179,14 +179,9 @@ def _read_torch_state_dict(path: Path) -> _LazyTensors:
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as error:
-        # weights_only refuses any global it does not allow-list before calling it.
-        reason = (
-            str(error).splitlines()[0]
-            if "Unsupported global" not in str(error)
-            else (next(line for line in str(error).splitlines() if "Unsupported global" in line))
-        )
+        # weights_only refuses any global it does not allow-list, before calling it.
         raise UnsafeCheckpointError(
-            f"{path.name}: refused, loading it would run code ({reason.strip()})"
+            f"{path.name}: refused, loading it would run code ({_refused_global(error)})"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -196,6 +191,13 @@ def _read_torch_state_dict(path: Path) -> _LazyTensors:
     state = _unwrap_state_dict(loaded, path)
     shapes = {name: tuple(t.shape) for name, t in state.items()}
     return _LazyTensors(shapes, state.__getitem__)
+
+
+def _refused_global(error: Exception) -> str:
+    """The line of torch's message that names what the pickle wanted to call."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    named = [line for line in lines if "GLOBAL" in line or "global" in line.split(" ", 3)[:3]]
+    return named[0] if named else "a global outside the weights-only allow-list"
 
 
 def _unwrap_state_dict(loaded: Any, path: Path) -> dict[str, Tensor]:

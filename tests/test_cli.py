@@ -1,0 +1,46 @@
+"""The edge-un command line, run as a user runs it: a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import edge_un
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_version_and_help() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"edge-un {edge_un.__version__}"
+    result = run_cli()
+    assert result.returncode != 0
+    assert "info" in result.stdout
+
+
+def test_info_prints_the_checkpoint_config(tmp_path: Path, small_vit) -> None:
+    path = edge_un.save_checkpoint(small_vit, tmp_path / "m.safetensors", {"dataset": "x"})
+    result = run_cli("info", str(path))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["architecture"] == "VisionTransformer"
+    assert summary["norm"]["kind"] == "un"
+    assert summary["metadata"] == {"dataset": "x"}
+    assert summary["parameters"] == sum(p.numel() for p in small_vit.parameters())
+
+
+def test_bad_file_is_one_line_and_nonzero_exit(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"garbage")
+    result = run_cli("info", str(bad))
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("edge-un info: error: bad.safetensors: not a safetensors")
