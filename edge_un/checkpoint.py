@@ -177,7 +177,7 @@ def _open_safetensors(path: Path) -> tuple[_LazyTensors, str | None]:
 
 def _read_torch_state_dict(path: Path) -> _LazyTensors:
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         # weights_only refuses any global it does not allow-list, before calling it.
         raise UnsafeCheckpointError(
