@@ -179,10 +179,14 @@ def _read_torch_state_dict(path: Path) -> _LazyTensors:
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        # weights_only refuses any global it does not allow-list, before calling it.
-        raise UnsafeCheckpointError(
-            f"{path.name}: refused, loading it would run code ({_refused_global(error)})"
-        ) from None
+        # The weights-only unpickler refuses any global outside its allow-list before calling
+        # it; garbage bytes fail in the same exception type, so tell the two apart.
+        refused = _refused_global(error)
+        if refused:
+            raise UnsafeCheckpointError(
+                f"{path.name}: refused, loading it would run code ({refused})"
+            ) from None
+        raise NotACheckpointError(f"{path.name}: not a torch state dict or truncated") from None
     except (RuntimeError, EOFError, OSError, ValueError) as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise NotACheckpointError(
@@ -193,11 +197,12 @@ def _read_torch_state_dict(path: Path) -> _LazyTensors:
     return _LazyTensors(shapes, state.__getitem__)
 
 
-def _refused_global(error: Exception) -> str:
-    """The line of torch's message that names what the pickle wanted to call."""
-    lines = [line.strip() for line in str(error).splitlines()]
-    named = [line for line in lines if "GLOBAL" in line or "global" in line.split(" ", 3)[:3]]
-    return named[0] if named else "a global outside the weights-only allow-list"
+def _refused_global(error: Exception) -> str | None:
+    """The line of torch's message naming the global a pickle wanted to call, if any."""
+    for line in str(error).splitlines():
+        if "global" in line.lower():
+            return line.strip()
+    return None
 
 
 def _unwrap_state_dict(loaded: Any, path: Path) -> dict[str, Tensor]:

@@ -65,8 +65,13 @@ def test_header_holds_architecture_arguments_norm_and_version(saved: Path) -> No
     assert header["metadata"] == {"accuracy": 0.97}
 
 
-def test_pt_state_dict_with_config_file(tmp_path: Path, small_vit, saved: Path) -> None:
-    torch.save({"state_dict": small_vit.state_dict()}, tmp_path / "weights.pt")
+@pytest.mark.parametrize("zip_format", [True, False])
+def test_pt_state_dict_with_config_file(tmp_path: Path, small_vit, saved: Path, zip_format) -> None:
+    torch.save(
+        {"state_dict": small_vit.state_dict()},
+        tmp_path / "weights.pt",
+        _use_new_zipfile_serialization=zip_format,
+    )
     config = tmp_path / "config.json"
     config.write_text(json.dumps(_header(saved)))
     loaded, info = edge_un.load_checkpoint(tmp_path / "weights.pt", config=config)
