@@ -1,0 +1,53 @@
+"""The fusion equations of Algorithm 1, one per function, on plain tensors.
+
+A per-channel affine ``y = x * s + t`` folds into a neighbouring Linear or Conv (in the style of
+``torch.nn.utils.fusion.fuse_linear_bn_weights``). Weights are ``(out, in, ...)`` as in torch.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+def fold_affine_into_following_linear(
+    weight: Tensor, bias: Tensor | None, scale: Tensor, shift: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``W (x * s + t) + b = (W * s[None, :]) x + (b + W @ t)``. A missing bias becomes one."""
+    new_bias = weight @ shift if bias is None else bias + weight @ shift
+    return weight * scale[None, :], new_bias
+
+
+def fold_affine_into_preceding_linear(
+    weight: Tensor, bias: Tensor | None, scale: Tensor, shift: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``(W x + b) * s + t = (s[:, None] * W) x + (s * b + t)``; also Conv, per output channel."""
+    per_out_channel = scale.reshape(-1, *([1] * (weight.dim() - 1)))
+    new_bias = shift if bias is None else scale * bias + shift
+    return per_out_channel * weight, new_bias
+
+
+def compose_affine(
+    scale: Tensor, shift: Tensor, op: str, constant: Tensor, data_first: bool = True
+) -> tuple[Tensor, Tensor]:
+    """Apply one elementwise op with a constant to ``x * scale + shift``; returns the new pair.
+
+    ``data_first`` is False when the constant is the left operand (``c - x``, ``c / x``).
+    """
+    if op == "mul":
+        return scale * constant, shift * constant
+    if op == "add":
+        return scale, shift + constant
+    if op == "sub":
+        return (scale, shift - constant) if data_first else (-scale, constant - shift)
+    if op == "div" and data_first:
+        return scale / constant, shift / constant
+    raise ValueError(f"{op!r} with the data as operand {'1' if data_first else '2'} is not affine")
+
+
+def as_channel_vector(constant: Tensor, channels: int) -> Tensor:
+    """A constant that broadcasts along the last axis only, as a ``(channels,)`` vector."""
+    if any(size != 1 for size in constant.shape[:-1]) or (
+        constant.dim() and constant.shape[-1] not in (1, channels)
+    ):
+        raise ValueError(f"constant of shape {tuple(constant.shape)} is not per-channel")
+    return constant.reshape(-1).expand(channels) if constant.numel() == 1 else constant.reshape(-1)

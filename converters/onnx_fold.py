@@ -1,0 +1,494 @@
+"""Fold per-channel affine chains of an fp32 ONNX model from any framework into its weights.
+
+After constant folding (onnxscript), an offline norm in eval is a chain of Mul/Add/Sub/Div by
+constants that broadcast along the last axis. Each chain that scales (a Mul or Div in it; a lone
+Add is a bias or an embedding, not a norm):
+
+* folds forward into the MatMul/Gemm with constant weights that consume it (through Reshape,
+  Flatten, Slice/Gather/ReduceMean that leave the channel axis alone), when nothing else does;
+* else folds backward into the MatMul/Gemm (or Conv, through Transpose/Reshape) that produces
+  its input, if nothing else reads that;
+* else stays, as one Mul + Add (a longer chain is collapsed). The FoldReport says which, and why.
+
+Names and kinds come from the torch exporter's node metadata when present, else node names.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxscript.optimizer
+import torch
+from google.protobuf.message import DecodeError
+from onnx_ir.passes.common import NameFixPass, RemoveUnusedNodesPass, ShapeInferencePass
+
+from .equations import fold_affine_into_preceding_linear
+from .errors import NotAnOnnxModelError, OnlineNormError
+from .graph import offline_norm_classes
+from .report import FoldReport, NormFold
+
+AFFINE_OPS = {"Mul": "mul", "Add": "add", "Sub": "sub", "Div": "div"}
+ONLINE_NORM_OPS = {
+    "LayerNormalization", "GroupNormalization", "RMSNormalization", "InstanceNormalization",
+    "MeanVarianceNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+}  # fmt: skip
+PASS_THROUGH = {"Identity", "Dropout", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+
+
+@dataclass
+class Chain:
+    nodes: list[ir.Node]
+    data: ir.Value  # what the chain's first node reads
+    scale: np.ndarray  # float64 (C,)
+    shift: np.ndarray
+
+    @property
+    def output(self) -> ir.Value:
+        return self.nodes[-1].outputs[0]
+
+
+def load_onnx(path: str | Path) -> onnx.ModelProto:
+    """Read and check an ONNX file; anything else is a NotAnOnnxModelError (one line)."""
+    path = Path(path)
+    try:
+        proto = onnx.load(str(path))
+    except (DecodeError, OSError, ValueError, RuntimeError) as error:
+        raise NotAnOnnxModelError(f"{path.name} is not a readable ONNX model: {error}") from None
+    if not proto.graph.node or not proto.opset_import:
+        raise NotAnOnnxModelError(f"{path.name} is not an ONNX model (no graph or no opset)")
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as error:
+        first = str(error).strip().splitlines()[0]
+        raise NotAnOnnxModelError(f"{path.name} is not a valid ONNX model: {first}") from None
+    return proto
+
+
+def fold_onnx(
+    model: str | Path | onnx.ModelProto, *, allow_online: bool = False
+) -> tuple[onnx.ModelProto, FoldReport]:
+    """Fold every per-channel affine chain; returns the new model (checked) and the report."""
+    source = Path(model).name if isinstance(model, (str, Path)) else "ONNX model"
+    proto = load_onnx(model) if isinstance(model, (str, Path)) else model
+    ir_model = ir.from_proto(proto)
+    onnxscript.optimizer.fold_constants(ir_model)
+    RemoveUnusedNodesPass()(ir_model)
+    ShapeInferencePass()(ir_model)
+    graph = ir_model.graph
+    online = [f"{n.name} ({n.op_type})" for n in graph.all_nodes() if n.op_type in ONLINE_NORM_OPS]
+    if online and not allow_online:
+        raise OnlineNormError(
+            f"online norms cannot fold: {', '.join(online)}; pass allow_online=True to keep them"
+        )
+    results = [fold_chain(graph, chain) for chain in find_chains(graph)]
+    RemoveUnusedNodesPass()(ir_model)
+    NameFixPass()(ir_model)  # unique names for the nodes added here
+    out = ir.to_proto(ir_model)
+    onnx.checker.check_model(out, full_check=True)
+    notes = ("online norms kept (allow_online=True): not fully integer",) * bool(online)
+    report = FoldReport(tuple(r for r in results if r), source, tuple(online), notes)
+    return out, report
+
+
+def constant(value: ir.Value | None) -> np.ndarray | None:
+    if value is None:
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    return None if tensor is None else tensor.numpy()
+
+
+def single_use(value: ir.Value) -> bool:
+    return len(value.uses()) == 1 and not value.is_graph_output()
+
+
+def affine_step(node: ir.Node) -> tuple[ir.Value, str, np.ndarray, bool] | None:
+    """(data input, op, constant, data_first) if the node is x op constant, per last axis."""
+    op = AFFINE_OPS.get(node.op_type)
+    if op is None or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+        return None
+    left, right = (constant(v) for v in node.inputs)
+    if (left is None) == (right is None):
+        return None
+    data_first = right is not None
+    value = right if data_first else left
+    data = node.inputs[0] if data_first else node.inputs[1]
+    assert value is not None and data is not None
+    if op == "div" and not data_first:
+        return None
+    if value.ndim and any(size != 1 for size in value.shape[:-1]):
+        return None  # not per channel (e.g. a position embedding)
+    rank = data.shape.rank() if data.shape is not None else None
+    if rank is None or value.ndim > rank or not np.issubdtype(value.dtype, np.floating):
+        return None
+    return data, op, value.astype(np.float64), data_first
+
+
+def find_chains(graph: ir.Graph) -> list[Chain]:
+    """Maximal runs of affine steps, each value in between read by the next step only."""
+    chains: list[Chain] = []
+    used: set[int] = set()
+    for node in list(graph):
+        step = affine_step(node)
+        if step is None or id(node) in used:
+            continue
+        nodes = [node]
+        while single_use(nodes[-1].outputs[0]):
+            user, _ = next(iter(nodes[-1].outputs[0].uses()))
+            next_step = affine_step(user)
+            if next_step is None or next_step[0] is not nodes[-1].outputs[0]:
+                break
+            nodes.append(user)
+        used.update(id(n) for n in nodes)
+        chain = compose(nodes, step[0])
+        if chain is not None:
+            chains.append(chain)
+    return chains
+
+
+def compose(nodes: list[ir.Node], data: ir.Value) -> Chain | None:
+    """The chain as one (scale, shift); None unless it scales per channel (a norm candidate)."""
+    steps = [affine_step(n) for n in nodes]
+    widths = [s[2].shape[-1] for s in steps if s and s[2].ndim]
+    dims = data.shape
+    channels = max(widths, default=dims[-1] if dims is not None and dims.rank() else 1)
+    if not isinstance(channels, int) or any(w not in (1, channels) for w in widths):
+        return None
+    scale, shift = np.ones(channels), np.zeros(channels)
+    for step in steps:
+        assert step is not None
+        _, op, value, data_first = step
+        vector = np.broadcast_to(value.reshape(-1), (channels,))
+        if op == "mul":
+            scale, shift = scale * vector, shift * vector
+        elif op == "add":
+            shift = shift + vector
+        elif op == "sub":
+            scale, shift = (scale, shift - vector) if data_first else (-scale, vector - shift)
+        else:
+            scale, shift = scale / vector, shift / vector
+    if not any(s and s[1] in ("mul", "div") for s in steps) or max(widths, default=1) == 1:
+        return None  # a bias add or a scalar (GELU's constants, attention scale): not a norm
+    return Chain(nodes, data, scale, shift)
+
+
+def describe(chain: Chain) -> tuple[str, str]:
+    """(name, kind): the torch module path and norm kind when the exporter recorded them."""
+    meta = chain.nodes[0].metadata_props
+    try:
+        scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
+        classes = ast.literal_eval(meta.get("pkg.torch.onnx.class_hierarchy", "[]"))
+    except (ValueError, SyntaxError):
+        scopes, classes = [], []
+    norms = offline_norm_classes()
+    if len(classes) >= 2 and classes[-2] in norms and len(scopes) >= 2:
+        return scopes[-2], norms[classes[-2]].kind
+    return chain.nodes[0].name or chain.output.name or "affine", "affine"
+
+
+def layer_name(node: ir.Node) -> str:
+    try:
+        scopes = ast.literal_eval(node.metadata_props.get("pkg.torch.onnx.name_scopes", "[]"))
+    except (ValueError, SyntaxError):
+        scopes = []
+    return scopes[-2] if len(scopes) >= 2 else label(node)
+
+
+def label(node: ir.Node) -> str:
+    """A node's name, or its op and output when the file has no node names."""
+    return node.name or f"{node.op_type}({node.outputs[0].name})"
+
+
+def fold_chain(graph: ir.Graph, chain: Chain) -> NormFold | None:
+    # Recompose from the graph as it is now: an earlier fold may have changed a bias in it.
+    step = affine_step(chain.nodes[0]) if chain.nodes[0].graph is graph else None
+    chain = compose(chain.nodes, step[0]) if step else None  # type: ignore[assignment]
+    if chain is None:
+        return None
+    name, kind = describe(chain)
+    consumers, forward_reason = matmul_consumers(chain)
+    if consumers is not None:
+        for layer in consumers:
+            fold_into_following(graph, layer, chain)
+        bypass(graph, chain, chain.data)
+        return NormFold(name, kind, "folded_forward", tuple(layer_name(n) for n in consumers))
+    producer, backward_reason = matmul_producer(chain)
+    if producer is not None:
+        fold_into_preceding(graph, producer, chain)
+        return NormFold(name, kind, "folded_backward", (layer_name(producer),))
+    if [n.op_type for n in chain.nodes] not in (["Mul"], ["Mul", "Add"]):
+        replace_with_scale_shift(graph, chain)
+    reason = f"forward: {forward_reason}; backward: {backward_reason}"
+    return NormFold(name, kind, "scale_shift", reason=reason)
+
+
+def _weight(node: ir.Node) -> tuple[np.ndarray | None, str]:
+    if node.op_type == "MatMul":
+        weight = constant(node.inputs[1])
+        ok = weight is not None and weight.ndim == 2 and single_use(node.inputs[1])
+        return (weight, "") if ok else (None, f"{label(node)} has no constant 2-D weight")
+    if node.op_type == "Gemm" and not _attr(node, "transA", 0):
+        weight = constant(node.inputs[1])
+        if weight is None or not single_use(node.inputs[1]):
+            return None, f"{label(node)} has no constant weight of its own"
+        return (weight.T if _attr(node, "transB", 0) else weight), ""  # as (K, N)
+    return None, f"{label(node)} is {node.op_type}"
+
+
+def _attr(node: ir.Node, name: str, default: float) -> float:
+    attr = node.attributes.get(name)
+    return default if attr is None else attr.value
+
+
+def _channels_kept(node: ir.Node, data: ir.Value, channels: int) -> str | None:
+    """None if the op passes a per-channel affine (last axis) through unchanged."""
+    out = node.outputs[0]
+    rank = data.shape.rank() if data.shape is not None else 0
+    if node.inputs[0] is not data or any(v is data for v in node.inputs[1:]):
+        return f"{label(node)} ({node.op_type}) reads it as something other than data"
+    last_kept = out.shape is not None and out.shape.rank() and out.shape[-1] == channels
+    if node.op_type in PASS_THROUGH:
+        return None if last_kept else f"{label(node)} ({node.op_type}) moves the channel axis"
+    if node.op_type in ("Slice", "ReduceMean", "Gather"):
+        if node.op_type == "Slice":
+            axes = constant(node.inputs[3]) if len(node.inputs) > 3 else np.arange(rank)
+        elif node.op_type == "Gather":
+            axes = np.array([_attr(node, "axis", 0)])
+        else:
+            axes = constant(node.inputs[1]) if len(node.inputs) > 1 else None
+            if axes is None and "axes" in node.attributes:
+                axes = np.array(node.attributes["axes"].value)
+        if (
+            axes is not None
+            and rank
+            and (rank - 1) not in {int(a) % rank for a in axes}
+            and last_kept
+        ):
+            return None
+        return f"{label(node)} ({node.op_type}) acts on the channel axis"
+    return f"{label(node)} ({node.op_type}) does not commute with a per-channel affine"
+
+
+def matmul_consumers(chain: Chain) -> tuple[list[ir.Node] | None, str]:
+    channels = chain.scale.size
+    found: list[ir.Node] = []
+    frontier = [chain.output]
+    while frontier:
+        value = frontier.pop()
+        if value.is_graph_output():
+            return None, f"{value.name} is a model output"
+        for user, index in value.uses():
+            if user.op_type in ("MatMul", "Gemm") and index == 0:
+                weight, problem = _weight(user)
+                if weight is None:
+                    return None, problem
+                found.append(user)
+                continue
+            reason = _channels_kept(user, value, channels)
+            if reason:
+                return None, f"it feeds {reason}"
+            frontier.append(user.outputs[0])
+    return (found, "") if found else (None, "no MatMul/Gemm consumes it")
+
+
+def matmul_producer(chain: Chain) -> tuple[ir.Node | None, str]:
+    """The MatMul/Gemm (channels last) or Conv (channels on axis 1, reached back through
+    Transpose/Reshape/Flatten) whose output only this chain reads."""
+    value = chain.data
+    axis = value.shape.rank() - 1 if value.shape is not None else -1
+    while True:
+        producer = value.producer()
+        if producer is None:
+            return None, f"its input {value.name} is a graph input"
+        if not single_use(value):
+            return None, f"its input {value.name} is also read elsewhere"
+        rank = value.shape.rank() if value.shape is not None else -1
+        if producer.op_type in ("MatMul", "Gemm") and axis == rank - 1:
+            weight, problem = _weight(producer)
+            return (producer, "") if weight is not None else (None, problem)
+        if producer.op_type == "Conv" and axis == 1:
+            ok = constant(producer.inputs[1]) is not None and single_use(producer.inputs[1])
+            return (producer, "") if ok else (None, f"{label(producer)} has no constant weight")
+        source = producer.inputs[0]
+        if producer.op_type == "Transpose" and "perm" in producer.attributes:
+            axis = list(producer.attributes["perm"].value)[axis]
+        elif producer.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+            axis = _source_axis(source, value, axis)
+        elif producer.op_type != "Identity":
+            return None, f"its input comes from {label(producer)}"
+        if axis is None or source is None:
+            return None, f"{label(producer)} ({producer.op_type}) mixes the channel axis"
+        value = source
+
+
+def _source_axis(source: ir.Value | None, out: ir.Value, axis: int) -> int | None:
+    """Row-major reshape: output axis ``axis`` is input axis i when the sizes before them and
+    their own sizes agree (static shapes only)."""
+    if source is None or source.shape is None or out.shape is None:
+        return None
+    before, after = list(source.shape), list(out.shape)
+    offset = 0
+    while axis > 0 and before and after and str(before[0]) == str(after[0]):  # e.g. batch
+        before, after, axis, offset = before[1:], after[1:], axis - 1, offset + 1
+    if not all(isinstance(d, int) for d in before + after):
+        return None
+    prefix = int(np.prod(after[:axis]))
+    for i, size in enumerate(before):
+        if int(np.prod(before[:i])) == prefix and size == after[axis]:
+            return i + offset
+    return None
+
+
+def _set_const(graph: ir.Graph, node: ir.Node, index: int, array: np.ndarray, name: str) -> None:
+    """Give input ``index`` of ``node`` a new initializer (the old one is then unused)."""
+    value = ir.Value(name=_fresh(graph, name), const_value=ir.tensor(array))
+    graph.register_initializer(value)
+    if index >= len(node.inputs):
+        node.resize_inputs(index + 1)
+    node.replace_input_with(index, value)
+
+
+def _fresh(graph: ir.Graph, base: str) -> str:
+    taken = set(graph.initializers)
+    name, index = base, 0
+    while name in taken:
+        index += 1
+        name = f"{base}_{index}"
+    return name
+
+
+def _bias_add(layer: ir.Node) -> tuple[ir.Node, int] | None:
+    """The Add that adds a constant bias to a MatMul's output, if it is its only reader."""
+    out = layer.outputs[0]
+    if not single_use(out):
+        return None
+    user, index = next(iter(out.uses()))
+    if user.op_type != "Add" or constant(user.inputs[1 - index]) is None:
+        return None
+    bias = constant(user.inputs[1 - index])
+    if bias is None or bias.ndim > 1 or not single_use(user.inputs[1 - index]):  # type: ignore[arg-type]
+        return None
+    return user, 1 - index
+
+
+def _write(graph: ir.Graph, layer: ir.Node, weight_kn: np.ndarray, bias: np.ndarray) -> None:
+    """Store a (K, N) weight and an (N,) bias into the MatMul (+ Add) or Gemm ``layer``."""
+    dtype = constant(layer.inputs[1]).dtype  # type: ignore[union-attr]
+    if layer.op_type == "Gemm":
+        stored = weight_kn.T if _attr(layer, "transB", 0) else weight_kn
+        _set_const(graph, layer, 1, stored.astype(dtype), f"{layer.name}_weight_folded")
+        beta, alpha = float(_attr(layer, "beta", 1.0)), float(_attr(layer, "alpha", 1.0))
+        # Y = alpha * A B + beta * C: the caller's bias is in units of A B.
+        _set_const(
+            graph, layer, 2, (alpha * bias / beta).astype(dtype), f"{layer.name}_bias_folded"
+        )
+        return
+    _set_const(graph, layer, 1, weight_kn.astype(dtype), f"{layer.name}_weight_folded")
+    found = _bias_add(layer)
+    if found is not None:
+        add, index = found
+        _set_const(graph, add, index, bias.astype(dtype), f"{layer.name}_bias_folded")
+        return
+    value = ir.Value(
+        name=_fresh(graph, f"{layer.name}_bias_folded"), const_value=ir.tensor(bias.astype(dtype))
+    )
+    graph.register_initializer(value)
+    out = layer.outputs[0]
+    uses = list(out.uses())  # before the new Add becomes one of them
+    add = ir.Node("", "Add", [out, value])  # named by NameFixPass
+    graph.insert_after(layer, add)
+    for user, index in uses:
+        user.replace_input_with(index, add.outputs[0])
+    if out.is_graph_output():
+        ir.convenience.replace_all_uses_with(out, add.outputs[0], replace_graph_outputs=True)
+
+
+def _current_bias(layer: ir.Node, width: int) -> np.ndarray:
+    """The layer's bias in units of A B (zeros if none)."""
+    if layer.op_type == "Gemm":
+        c = constant(layer.inputs[2]) if len(layer.inputs) > 2 else None
+        if c is None:
+            return np.zeros(width)
+        beta, alpha = float(_attr(layer, "beta", 1.0)), float(_attr(layer, "alpha", 1.0))
+        return np.broadcast_to(c.astype(np.float64) * beta / alpha, (width,)).copy()
+    found = _bias_add(layer)
+    if found is None:
+        return np.zeros(width)
+    add, index = found
+    return np.broadcast_to(constant(add.inputs[index]).astype(np.float64), (width,)).copy()  # type: ignore[union-attr]
+
+
+def fold_into_following(graph: ir.Graph, layer: ir.Node, chain: Chain) -> None:
+    """W (x s + t) + b = (s[:, None] W) x + (b + t W), W stored as (K, N)."""
+    weight, _ = _weight(layer)
+    w = weight.astype(np.float64)  # type: ignore[union-attr]
+    bias = _current_bias(layer, w.shape[1]) + chain.shift @ w
+    _write(graph, layer, chain.scale[:, None] * w, bias)
+
+
+def fold_into_preceding(graph: ir.Graph, layer: ir.Node, chain: Chain) -> None:
+    """(x W + b) s + t = x (W s[None, :]) + (b s + t); Conv: per output channel. The chain
+    then disappears."""
+    weight = constant(layer.inputs[1])
+    assert weight is not None
+    if layer.op_type == "Conv":
+        bias = constant(layer.inputs[2]) if len(layer.inputs) > 2 else None
+        new_w, new_b = fold_affine_into_preceding_linear(
+            torch.from_numpy(weight.astype(np.float64)),
+            None if bias is None else torch.from_numpy(bias.astype(np.float64)),
+            torch.from_numpy(chain.scale),
+            torch.from_numpy(chain.shift),
+        )
+        bypass(graph, chain, chain.data)
+        _set_const(graph, layer, 1, new_w.numpy().astype(weight.dtype), f"{layer.name}_w")
+        _set_const(graph, layer, 2, new_b.numpy().astype(weight.dtype), f"{layer.name}_b")
+        return
+    w, _ = _weight(layer)
+    w = w.astype(np.float64)  # type: ignore[union-attr]
+    # A MatMul's bias Add, if any, is the chain's first step (already in scale and shift).
+    bias = chain.shift.copy()
+    if layer.op_type == "Gemm":
+        bias += _current_bias(layer, w.shape[1]) * chain.scale
+    bypass(graph, chain, chain.data)
+    _write(graph, layer, w * chain.scale[None, :], bias)
+
+
+def bypass(graph: ir.Graph, chain: Chain, replacement: ir.Value) -> None:
+    out = chain.output
+    ir.convenience.replace_all_uses_with(out, replacement, replace_graph_outputs=True)
+    if out.is_graph_output():
+        replacement.name = out.name
+    graph.remove(list(reversed(chain.nodes)), safe=True)
+
+
+def replace_with_scale_shift(graph: ir.Graph, chain: Chain) -> None:
+    """One Mul and one Add by (C,) constants, in the dtype the chain computed in."""
+    first = chain.nodes[0]
+    constants = [constant(v) for v in first.inputs]
+    dtype = next(c.dtype for c in constants if c is not None)  # the dtype the chain computed in
+    scale = ir.Value(
+        name=_fresh(graph, f"{first.name}_scale"), const_value=ir.tensor(chain.scale.astype(dtype))
+    )
+    shift = ir.Value(
+        name=_fresh(graph, f"{first.name}_shift"), const_value=ir.tensor(chain.shift.astype(dtype))
+    )
+    graph.register_initializer(scale)
+    graph.register_initializer(shift)
+    mul = ir.Node(
+        "",
+        "Mul",
+        [chain.data, scale],
+        metadata_props=dict(first.metadata_props),
+    )
+    add = ir.Node(
+        "",
+        "Add",
+        [mul.outputs[0], shift],
+        metadata_props=dict(first.metadata_props),
+    )
+    graph.insert_after(chain.nodes[-1], [mul, add])
+    bypass(graph, chain, add.outputs[0])

@@ -1,0 +1,135 @@
+"""Load a ``torch.export.save`` program (.pt2) without unpickling anything, and fold it.
+
+``torch.export.load`` (torch 2.13) is not safe on untrusted files: weights and constants marked
+``use_pickle`` go through ``torch.load(weights_only=False)``, custom/opaque objects through
+``pickle.loads``, and the sample inputs fall back to ``torch.load(weights_only=False)`` when the
+safe load fails; a .pt2 with a crafted sample-inputs pickle runs code on load. This loader reads
+the same archive with torch's own reader and deserializer but: raw tensor payloads only (pickled
+ones with ``weights_only=True``), no custom or opaque objects, no AOTInductor libraries, sample
+inputs with ``weights_only=True`` or dropped. It relies on private torch.export helpers, which is
+why torch is pinned.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch._export.serde import schema
+from torch._export.serde.serialize import (
+    ExportedProgramDeserializer,
+    _bytes_to_dataclass,
+    _dict_to_dataclass,
+    deserialize_size,
+    deserialize_storage_offset,
+    deserialize_stride,
+)
+from torch.export import ExportedProgram
+from torch.export.pt2_archive._package import PT2ArchiveReader, _build_file_map
+from torch.export.pt2_archive.constants import (
+    AOTINDUCTOR_DIR,
+    ARCHIVE_VERSION_PATH,
+    ARCHIVE_VERSION_VALUE,
+    CONSTANTS_CONFIG_FILENAME_FORMAT,
+    CONSTANTS_DIR,
+    MODELS_FILENAME_FORMAT,
+    SAMPLE_INPUTS_FILENAME_FORMAT,
+    TENSOR_CONSTANT_FILENAME_PREFIX,
+    WEIGHTS_CONFIG_FILENAME_FORMAT,
+    WEIGHTS_DIR,
+)
+
+from .errors import NotAProgramError
+
+MODEL_NAME = "model"  # what torch.export.save names the program in the archive
+
+
+def load_program(path: str | Path) -> ExportedProgram:
+    """The ExportedProgram in a .pt2 file; NotAProgramError (one line) for anything unsafe/bad."""
+    path = Path(path)
+    if not path.is_file() or not zipfile.is_zipfile(path):
+        raise NotAProgramError(f"{path.name} is not a torch.export program (.pt2 zip archive)")
+    try:
+        with PT2ArchiveReader(str(path)) as reader:
+            return _read(reader, path.name)
+    except NotAProgramError:
+        raise
+    except Exception as error:  # the deserializer raises many types on a damaged archive
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise NotAProgramError(
+            f"{path.name} is not a readable torch.export program: {first}"
+        ) from None
+
+
+def _read(reader: PT2ArchiveReader, name: str) -> ExportedProgram:
+    files = set(reader.get_file_names())
+    version = reader.read_string(ARCHIVE_VERSION_PATH) if ARCHIVE_VERSION_PATH in files else None
+    if version != ARCHIVE_VERSION_VALUE:
+        raise NotAProgramError(f"{name}: unsupported .pt2 archive version {version!r}")
+    if any(f.startswith(AOTINDUCTOR_DIR) for f in files):
+        raise NotAProgramError(f"{name} contains compiled AOTInductor code; refused")
+    model_file = MODELS_FILENAME_FORMAT.format(MODEL_NAME)
+    if model_file not in files:
+        raise NotAProgramError(f"{name} has no program named {MODEL_NAME!r}")
+    program = _bytes_to_dataclass(schema.ExportedProgram, reader.read_bytes(model_file))
+    state_dict = _tensors(reader, WEIGHTS_CONFIG_FILENAME_FORMAT, WEIGHTS_DIR, name)
+    constants = _tensors(reader, CONSTANTS_CONFIG_FILENAME_FORMAT, CONSTANTS_DIR, name)
+    inputs_file = SAMPLE_INPUTS_FILENAME_FORMAT.format(MODEL_NAME)
+    example_inputs = _safe_load(reader.read_bytes(inputs_file)) if inputs_file in files else None
+    if not (isinstance(example_inputs, tuple) and len(example_inputs) == 2):
+        example_inputs = b""  # not plain tensors: dropped, never unpickled unsafely
+    return ExportedProgramDeserializer().deserialize(program, state_dict, constants, example_inputs)
+
+
+def _safe_load(data: bytes) -> Any:
+    """torch.load with weights_only=True (tensors and plain containers only), else None."""
+    if not data:
+        return None
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except Exception:
+        return None
+
+
+def _tensors(reader: PT2ArchiveReader, config_format: str, folder: str, name: str) -> dict:
+    config_file = config_format.format(MODEL_NAME)
+    if config_file not in set(reader.get_file_names()):
+        raise NotAProgramError(f"{name}: {config_file} missing (legacy pickled format refused)")
+    config = _dict_to_dataclass(schema.PayloadConfig, json.loads(reader.read_string(config_file)))
+    raw = _build_file_map(reader, config, folder)  # raw bytes -> flat tensors, no pickle
+    tensors: dict[str, Tensor] = {}
+    for fqn, meta in config.config.items():
+        if folder == CONSTANTS_DIR and not meta.path_name.startswith(
+            TENSOR_CONSTANT_FILENAME_PREFIX
+        ):
+            raise NotAProgramError(f"{name}: constant {fqn} is a pickled object; refused")
+        if meta.use_pickle:
+            value = _safe_load(reader.read_bytes(os.path.join(folder, meta.path_name)))
+            if not isinstance(value, Tensor):
+                raise NotAProgramError(f"{name}: tensor {fqn} needs unsafe unpickling; refused")
+            tensors[fqn] = value
+            continue
+        if meta.tensor_meta is None:
+            raise NotAProgramError(f"{name}: tensor {fqn} has no metadata")
+        tensor = torch.as_strided(
+            raw[meta.path_name],
+            size=deserialize_size(meta.tensor_meta.sizes),
+            stride=deserialize_stride(meta.tensor_meta.strides),
+            storage_offset=deserialize_storage_offset(meta.tensor_meta.storage_offset),
+        )
+        if meta.is_param:
+            tensor = torch.nn.Parameter(tensor, requires_grad=meta.tensor_meta.requires_grad)
+        tensors[fqn] = tensor
+    return tensors
+
+
+def program_example_inputs(program: ExportedProgram) -> tuple:
+    """The positional example inputs saved with the program (empty if none were safe)."""
+    inputs = program.example_inputs
+    return tuple(inputs[0]) if inputs else ()
