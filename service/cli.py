@@ -7,7 +7,11 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
+import torch
+
 import edge_un
+from edge_un.data import DATASETS
+from edge_un.training.presets import MODELS
 
 EXIT_USAGE = 2
 
@@ -18,6 +22,29 @@ def _info(args: argparse.Namespace) -> int:
     summary = info.to_dict()
     summary["parameters"] = sum(p.numel() for p in model.parameters())
     print(json.dumps(summary, indent=2, sort_keys=True))
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    """Train a reference model on real data and write its checkpoint (logic in edge_un)."""
+    from edge_un.training import fit
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = fit(
+        args.model,
+        args.preset,
+        args.norm,
+        args.data,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        norm_first=not args.post_norm,
+        out=args.out,
+        progress=not args.quiet,
+    )
+    print(f"wrote {result.path} (test accuracy {result.test_accuracy:.4f})")
     return 0
 
 
@@ -33,6 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("checkpoint", help=".safetensors checkpoint (or .pt/.pth with --config)")
     info.add_argument("--config", help="JSON config for a .pt/.pth state dict")
     info.set_defaults(run=_info)
+
+    train = commands.add_parser("train", help="train a reference model on real offline data")
+    train.add_argument("--model", choices=MODELS, default="vit")
+    train.add_argument(
+        "--preset", default="tiny", help="model + recipe size (tiny, example, bench)"
+    )
+    train.add_argument("--norm", choices=edge_un.NORM_KINDS, default="un")
+    train.add_argument("--data", choices=DATASETS, help="default: mnist for vit, rt for text")
+    train.add_argument("--epochs", type=int, help="default: the preset's")
+    train.add_argument("--batch-size", type=int, help="default: the preset's")
+    train.add_argument("--lr", type=float, help="peak learning rate; default: the preset's")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--post-norm", action="store_true", help="post-norm blocks (text only)")
+    train.add_argument("--threads", type=int, help="torch CPU threads")
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.add_argument("--out", required=True, help="checkpoint to write (.safetensors)")
+    train.set_defaults(run=_train)
     return parser
 
 
@@ -45,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return run(args)
-    except (edge_un.CheckpointError, ValueError, OSError) as error:
+    except (edge_un.CheckpointError, ValueError, OSError, ModuleNotFoundError) as error:
         print(f"edge-un {args.command}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,0 +1,45 @@
+"""Example checkpoints bundled with edge_un: trained on real data, with their split and accuracy.
+
+===============  ==========================================================================
+name             regenerate with
+===============  ==========================================================================
+vit-mnist-un     edge-un train --model vit --preset example --norm un --data mnist --seed 0
+                 --threads 1 --out edge_un/examples/vit-mnist-un.safetensors
+vit-mnist-ln     same with --norm ln --out edge_un/examples/vit-mnist-ln.safetensors
+text-rt-un       edge-un train --model text --preset example --norm un --data rt --seed 0
+                 --threads 1 --out edge_un/examples/text-rt-un.safetensors
+text-rt-ln       same with --norm ln --out edge_un/examples/text-rt-ln.safetensors
+===============  ==========================================================================
+
+Each checkpoint's metadata holds ``dataset``, ``split``, ``preprocessing`` (use
+:func:`edge_un.data.preprocessor`), ``test_accuracy`` and the exact ``command`` that made it.
+See also ``README.md`` in this directory.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+NAMES: tuple[str, ...] = ("vit-mnist-un", "vit-mnist-ln", "text-rt-un", "text-rt-ln")
+
+
+class UnknownExampleError(ValueError):
+    """Not the name of a bundled example model."""
+
+
+def names() -> list[str]:
+    """Names of the bundled example models."""
+    return list(NAMES)
+
+
+def path(name: str) -> Path:
+    """The ``.safetensors`` file of the bundled example ``name``."""
+    if name not in NAMES:
+        raise UnknownExampleError(
+            f"unknown example model {name!r}; bundled ones are {', '.join(NAMES)}"
+        )
+    file = Path(str(resources.files(__name__).joinpath(f"{name}.safetensors")))
+    if not file.is_file():
+        raise FileNotFoundError(f"example {name!r} is not installed ({file} is missing)")
+    return file

@@ -1,0 +1,78 @@
+"""Named model + recipe sizes, defined once: "tiny" (tests), "example" (the bundled models),
+"bench" (benchmarks/norm_comparison.py)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MODELS: tuple[str, ...] = ("vit", "text")
+DEFAULT_DATA = {"vit": "mnist", "text": "rt"}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One model size and the recipe that trains it."""
+
+    name: str
+    model: str  # "vit" or "text"
+    architecture: dict[str, Any]  # constructor arguments not fixed by the data set
+    epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float = 0.05
+    lr_warmup_fraction: float = 0.05  # of all steps: linear warm-up, then cosine decay to 0
+    norm_warmup_fraction: float = 0.08  # UN / PN warmup_iters as a share of all steps
+    clip_grad_norm: float = 1.0
+    shift: int = 0  # random translation of training images by up to this many pixels
+    patch_sizes: dict[int, int] = field(default_factory=dict)  # image side -> ViT patch size
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+PRESETS: dict[tuple[str, str], Preset] = {
+    ("vit", "tiny"): Preset(
+        name="tiny", model="vit", epochs=4, batch_size=16, lr=3e-3, shift=0,
+        architecture={"dim": 32, "depth": 2, "heads": 2, "mlp_ratio": 2.0, "pool": "mean"},
+        patch_sizes={28: 7, 8: 2},
+    ),
+    ("vit", "example"): Preset(
+        name="example", model="vit", epochs=120, batch_size=32, lr=2e-3, shift=1,
+        architecture={"dim": 64, "depth": 4, "heads": 4, "mlp_ratio": 2.0, "pool": "mean"},
+        patch_sizes={28: 4, 8: 2},
+    ),
+    ("vit", "bench"): Preset(
+        name="bench", model="vit", epochs=12, batch_size=32, lr=2e-3, shift=0,
+        architecture={"dim": 48, "depth": 4, "heads": 4, "mlp_ratio": 2.0, "pool": "mean"},
+        patch_sizes={28: 7, 8: 2},
+    ),
+    ("text", "tiny"): Preset(
+        name="tiny", model="text", epochs=2, batch_size=64, lr=2e-3,
+        architecture={"dim": 32, "depth": 1, "heads": 2, "mlp_ratio": 2.0},
+    ),
+    ("text", "example"): Preset(
+        name="example", model="text", epochs=4, batch_size=64, lr=1e-3, weight_decay=0.1,
+        architecture={"dim": 64, "depth": 2, "heads": 4, "mlp_ratio": 2.0},
+    ),
+    ("text", "bench"): Preset(
+        name="bench", model="text", epochs=4, batch_size=64, lr=1e-3, weight_decay=0.1,
+        architecture={"dim": 48, "depth": 4, "heads": 4, "mlp_ratio": 2.0},
+    ),
+}  # fmt: skip
+
+
+def preset_names(model: str) -> list[str]:
+    return [name for (kind, name) in PRESETS if kind == model]
+
+
+def get_preset(model: str, name: str) -> Preset:
+    """The preset ``name`` for ``model``; a one-line error lists the valid ones."""
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
+    try:
+        return PRESETS[(model, name)]
+    except KeyError:
+        raise ValueError(
+            f"unknown preset {name!r} for {model}; expected one of {', '.join(preset_names(model))}"
+        ) from None

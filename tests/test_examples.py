@@ -1,0 +1,57 @@
+"""The bundled example models: present, loadable, and as accurate as their metadata says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edge_un import data, examples, load_checkpoint
+from edge_un.checkpoint import CheckpointInfo
+
+EXPECTED = {
+    "vit-mnist-un": ("VisionTransformer", "un", "mnist"),
+    "vit-mnist-ln": ("VisionTransformer", "ln", "mnist"),
+    "text-rt-un": ("TextTransformer", "un", "rt"),
+    "text-rt-ln": ("TextTransformer", "ln", "rt"),
+}
+
+
+def test_names_and_unknown_name() -> None:
+    assert examples.names() == list(EXPECTED)
+    with pytest.raises(examples.UnknownExampleError, match="bundled ones are vit-mnist-un"):
+        examples.path("resnet")
+
+
+def test_bundle_is_small() -> None:
+    total = sum(examples.path(name).stat().st_size for name in examples.names())
+    assert total <= 10 * 2**20
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_example_reaches_recorded_test_accuracy(name: str) -> None:
+    model, info = load_checkpoint(examples.path(name))
+    assert (info.architecture, info.norm_kind, info.metadata["dataset"]) == EXPECTED[name]
+    assert info.metadata["split"]["seed"] == 0
+    assert info.metadata["command"].endswith(f"--out edge_un/examples/{name}.safetensors")
+    inputs, labels = data.checkpoint_split(info, "test")
+    with torch.no_grad():
+        accuracy = (model(inputs).argmax(-1) == labels).double().mean().item()
+    assert accuracy == pytest.approx(info.metadata["test_accuracy"], abs=0.001)
+
+
+def _info(name: str) -> CheckpointInfo:
+    return load_checkpoint(examples.path(name))[1]
+
+
+def test_un_vit_meets_target() -> None:
+    assert _info("vit-mnist-un").metadata["test_accuracy"] >= 0.95
+
+
+def test_twins_share_architecture_and_recipe() -> None:
+    for task in ("vit-mnist", "text-rt"):
+        un, ln = _info(f"{task}-un"), _info(f"{task}-ln")
+        strip = lambda args: {k: v for k, v in args.items() if k not in ("norm", "norm_kwargs")}  # noqa: E731
+        assert strip(un.arguments) == strip(ln.arguments)
+        recipe_un = {k: v for k, v in un.metadata["recipe"].items() if k != "norm_kwargs"}
+        recipe_ln = {k: v for k, v in ln.metadata["recipe"].items() if k != "norm_kwargs"}
+        assert recipe_un == recipe_ln
