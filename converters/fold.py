@@ -101,7 +101,8 @@ def fold_norms(
 def _online_message(online: Sequence[str]) -> str:
     return (
         f"online norms cannot fold: {', '.join(online)}; swap them for an offline norm "
-        "(edge_un.swap_layernorm) and fine-tune, or pass allow_online=True"
+        "(edge_un.swap_layernorm) and fine-tune, or keep them with allow_online=True "
+        "(CLI: --allow-online)"
     )
 
 

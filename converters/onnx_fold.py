@@ -83,7 +83,8 @@ def fold_onnx(
     online = [f"{n.name} ({n.op_type})" for n in graph.all_nodes() if n.op_type in ONLINE_NORM_OPS]
     if online and not allow_online:
         raise OnlineNormError(
-            f"online norms cannot fold: {', '.join(online)}; pass allow_online=True to keep them"
+            f"online norms cannot fold: {', '.join(online)}; keep them with allow_online=True "
+            "(CLI: --allow-online)"
         )
     results = [fold_chain(graph, chain) for chain in find_chains(graph)]
     RemoveUnusedNodesPass()(ir_model)

@@ -44,3 +44,25 @@ def test_bad_file_is_one_line_and_nonzero_exit(tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("edge-un info: error: bad.safetensors: not a safetensors")
+
+
+def test_convert_defaults_to_the_bundled_example(tmp_path: Path) -> None:
+    result = run_cli("convert", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "VisionTransformer: 9 offline norms, 9 folded, 0 kept" in result.stdout
+    assert "agreement 1.0000 on 1000 samples" in result.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["source"].endswith("vit-mnist-un.safetensors")
+    assert report["fold"]["fully_integer"] is True
+    assert (tmp_path / "model.onnx").stat().st_size > 100_000
+    assert "Traceback" not in result.stderr
+
+
+def test_convert_refuses_a_layernorm_model_in_one_line(tmp_path: Path) -> None:
+    result = run_cli("convert", "vit-mnist-ln", "--out", str(tmp_path))
+    assert result.returncode == 1
+    last_line = result.stderr.rstrip("\n").split("\n")[-1].split("\r")[-1].strip()
+    assert last_line.startswith("edge-un convert: error: online norms cannot fold: blocks.0.norm1")
+    assert "--allow-online" in last_line
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "model.onnx").exists()

@@ -1,0 +1,230 @@
+"""The conversion job: a model file in; a folded fp32 ONNX file and its report out.
+
+Sources: an edge_un checkpoint (``.safetensors``, or ``.pt``/``.pth`` with a config), a
+``torch.export`` program (``.pt2``) or an fp32 ONNX model (``.onnx``). An edge_un checkpoint that
+records its data set is also checked on its held-out test split: the folded ONNX model must
+classify like the original torch model, and the report says how closely it did.
+
+Progress goes to an optional ``progress(stage, fraction)`` callback (a terminal bar in the CLI,
+a stage and percentage over HTTP).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from torch import Tensor, nn
+
+import edge_un
+from edge_un import data as edge_data
+
+from .errors import ConversionError
+from .export import ExportInfo, export_onnx, op_histogram
+from .fold import default_example_inputs, fold_norms
+from .onnx_fold import fold_onnx, load_onnx
+from .program import load_program, program_example_inputs
+from .report import FoldReport
+
+Progress = Callable[[str, float], None]
+ONNX_NAME = "model.onnx"
+REPORT_NAME = "report.json"
+SUMMARY_NAME = "report.md"
+EVAL_BATCH = 256
+
+
+@dataclass(frozen=True)
+class TestSplitCheck:
+    """The folded ONNX model against the original torch model on the checkpoint's test split."""
+
+    samples: int
+    torch_accuracy: float
+    onnx_accuracy: float
+    top1_agreement: float
+    max_abs_diff: float
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    source: Path
+    onnx_path: Path
+    report_path: Path
+    summary_path: Path
+    fold: FoldReport
+    export: ExportInfo | None  # None for an ONNX source (folded at graph level, not exported)
+    test_split: TestSplitCheck | None
+    notes: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        exported = None
+        if self.export is not None:
+            exported = {**asdict(self.export), "path": str(self.export.path)}
+        return {
+            "source": str(self.source),
+            "edge_un_version": edge_un.__version__,
+            "onnx": str(self.onnx_path),
+            "fold": self.fold.as_dict(),
+            "export": exported,
+            "op_histogram": op_histogram(onnx.load(str(self.onnx_path))),
+            "test_split": None if self.test_split is None else asdict(self.test_split),
+            "notes": list(self.notes),
+        }
+
+
+def convert(
+    source: str | Path,
+    out_dir: str | Path,
+    *,
+    config: str | Path | Mapping[str, Any] | None = None,
+    opset: int = 18,
+    dynamic_batch: bool = True,
+    allow_online: bool = False,
+    progress: Progress | None = None,
+) -> ConversionResult:
+    """Fold every offline norm of ``source`` and write ``model.onnx``, ``report.json`` and
+    ``report.md`` into ``out_dir``. Raises a ConversionError / CheckpointError (one line)."""
+    source, out_dir = Path(source), Path(out_dir)
+    if not source.is_file():
+        raise ConversionError(f"{source}: no such file")
+    report = progress or (lambda stage, fraction: None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    onnx_path = out_dir / ONNX_NAME
+    if source.suffix == ".onnx":
+        report("fold", 0.2)
+        folded, fold_report = fold_onnx(source, allow_online=allow_online)
+        onnx.save_model(folded, str(onnx_path), save_as_external_data=False)
+        report("verify", 0.6)
+        diff = _onnx_vs_onnx(source, onnx_path)
+        notes = (f"ONNX Runtime, folded vs original on random inputs: max abs diff {diff:.3g}",)
+        result = ConversionResult(source, onnx_path, out_dir / REPORT_NAME,
+                                  out_dir / SUMMARY_NAME, fold_report, None, None,
+                                  notes)  # fmt: skip
+    else:
+        report("load", 0.05)
+        model, example, info = _load_torch_source(source, config)
+        report("fold", 0.2)
+        folded, fold_report = fold_norms(model, example, allow_online=allow_online)
+        report("export", 0.4)
+        if not dynamic_batch:
+            example = tuple(a[:1] for a in example)
+        exported = export_onnx(folded, example, onnx_path, opset=opset, dynamic_batch=dynamic_batch)
+        report("verify", 0.7)
+        check = _check_test_split(model, onnx_path, info) if info is not None else None
+        notes = () if check else ("no data set recorded in the checkpoint: test split not checked",)
+        result = ConversionResult(source, onnx_path, out_dir / REPORT_NAME, out_dir / SUMMARY_NAME,
+                                  fold_report, exported, check, notes)  # fmt: skip
+    report("write report", 0.95)
+    result.report_path.write_text(json.dumps(result.as_dict(), indent=2, default=str) + "\n")
+    result.summary_path.write_text(summary_markdown(result))
+    report("done", 1.0)
+    return result
+
+
+def _load_torch_source(
+    source: Path, config: str | Path | Mapping[str, Any] | None
+) -> tuple[nn.Module, tuple[Tensor, ...], edge_un.CheckpointInfo | None]:
+    if source.suffix == ".pt2":
+        program = load_program(source)
+        example = program_example_inputs(program)
+        if not example:
+            raise ConversionError(f"{source.name}: the program carries no example inputs")
+        return program, example, None
+    model, info = edge_un.load_checkpoint(source, config=config)
+    if "dataset" in info.metadata:
+        inputs, _ = edge_data.checkpoint_split(info, "test")
+        return model, (inputs[:2],), info
+    return model, default_example_inputs(model), None
+
+
+@torch.no_grad()
+def _check_test_split(
+    model: nn.Module, onnx_path: Path, info: edge_un.CheckpointInfo
+) -> TestSplitCheck:
+    inputs, labels = edge_data.checkpoint_split(info, "test")
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    input_name = session.get_inputs()[0].name
+    static_batch = session.get_inputs()[0].shape[0]
+    batch = static_batch if isinstance(static_batch, int) else EVAL_BATCH
+    reference, converted = [], []
+    for start in range(0, len(inputs), batch):
+        chunk = inputs[start : start + batch]
+        reference.append(model(chunk).numpy())
+        converted.append(session.run(None, {input_name: chunk.numpy()})[0])
+    expected, actual = np.concatenate(reference), np.concatenate(converted)
+    truth = labels.numpy()
+    return TestSplitCheck(
+        samples=len(truth),
+        torch_accuracy=float((expected.argmax(-1) == truth).mean()),
+        onnx_accuracy=float((actual.argmax(-1) == truth).mean()),
+        top1_agreement=float((expected.argmax(-1) == actual.argmax(-1)).mean()),
+        max_abs_diff=float(np.abs(expected - actual).max()),
+    )
+
+
+def _onnx_vs_onnx(original: Path, folded: Path) -> float:
+    """Max abs output difference of two ONNX files on the same random inputs."""
+    rng = np.random.default_rng(0)
+    before = ort.InferenceSession(str(original), providers=["CPUExecutionProvider"])
+    after = ort.InferenceSession(str(folded), providers=["CPUExecutionProvider"])
+    feeds = {}
+    for value in load_onnx(original).graph.input:
+        tensor_type = value.type.tensor_type
+        dims = [d.dim_value if d.dim_value > 0 else 2 for d in tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        feeds[value.name] = (
+            rng.standard_normal(dims).astype(dtype)
+            if np.issubdtype(dtype, np.floating)
+            else np.ones(dims, dtype=dtype)  # ids/indices: 1 is valid for any vocabulary
+        )
+    outputs = zip(before.run(None, feeds), after.run(None, feeds), strict=True)
+    return max(float(np.abs(a - b).max()) for a, b in outputs)
+
+
+def summary_markdown(result: ConversionResult) -> str:
+    """The report for a person: what happened to each norm, the graph, the test-split check."""
+    fold = result.fold
+    lines = [
+        f"# edge-un conversion: {result.source.name}",
+        "",
+        f"- folded fp32 model: `{result.onnx_path.name}`",
+        f"- offline norms: {len(fold.norms)}, folded {len(fold.folded)}, "
+        f"kept as one Mul+Add {len(fold.kept)}",
+        f"- fully integer-ready (no online norm left): {'yes' if fold.fully_integer else 'NO'}"
+        + ("" if fold.fully_integer else f" (online: {', '.join(fold.online_norms)})"),
+    ]
+    if result.export is not None:
+        exported = result.export
+        lines += [
+            f"- opset {exported.opset}, batch {'dynamic' if exported.dynamic_batch else 'static'}, "
+            f"ONNX Runtime vs torch on the example inputs: max abs diff "
+            f"{exported.max_abs_diff:.3g}",
+        ]
+    if result.test_split is not None:
+        check = result.test_split
+        lines += [
+            f"- test split ({check.samples} samples): torch accuracy {check.torch_accuracy:.4f}, "
+            f"folded ONNX {check.onnx_accuracy:.4f}, top-1 agreement {check.top1_agreement:.4f}, "
+            f"max abs logit diff {check.max_abs_diff:.3g}",
+        ]
+    lines += [f"- note: {note}" for note in result.notes]
+    lines += [
+        "",
+        "## Norms",
+        "",
+        "| norm | kind | what happened | into / why |",
+        "|---|---|---|---|",
+    ]
+    for norm in fold.norms:
+        detail = ", ".join(norm.into) if norm.into else norm.reason
+        lines.append(f"| {norm.name} | {norm.kind} | {norm.action} | {detail} |")
+    histogram = op_histogram(onnx.load(str(result.onnx_path)))
+    lines += ["", "## Operators in the folded graph", "", "| op | count |", "|---|---|"]
+    lines += [f"| {op} | {count} |" for op, count in sorted(histogram.items(), key=lambda i: -i[1])]
+    return "\n".join(lines) + "\n"
