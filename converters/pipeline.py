@@ -60,6 +60,7 @@ class ConversionResult:
     fold: FoldReport
     export: ExportInfo | None  # None for an ONNX source (folded at graph level, not exported)
     test_split: TestSplitCheck | None
+    op_histogram: dict[str, int]
     notes: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
@@ -72,7 +73,7 @@ class ConversionResult:
             "onnx": str(self.onnx_path),
             "fold": self.fold.as_dict(),
             "export": exported,
-            "op_histogram": op_histogram(onnx.load(str(self.onnx_path))),
+            "op_histogram": self.op_histogram,
             "test_split": None if self.test_split is None else asdict(self.test_split),
             "notes": list(self.notes),
         }
@@ -103,9 +104,9 @@ def convert(
         report("verify", 0.6)
         diff = _onnx_vs_onnx(source, onnx_path)
         notes = (f"ONNX Runtime, folded vs original on random inputs: max abs diff {diff:.3g}",)
-        result = ConversionResult(source, onnx_path, out_dir / REPORT_NAME,
-                                  out_dir / SUMMARY_NAME, fold_report, None, None,
-                                  notes)  # fmt: skip
+        if opset != 18 or not dynamic_batch:
+            notes += ("an ONNX source keeps its own opset and shapes: opset/static batch ignored",)
+        exported, check = None, None
     else:
         report("load", 0.05)
         model, example, info = _load_torch_source(source, config)
@@ -118,9 +119,18 @@ def convert(
         report("verify", 0.7)
         check = _check_test_split(model, onnx_path, info) if info is not None else None
         notes = () if check else ("no data set recorded in the checkpoint: test split not checked",)
-        result = ConversionResult(source, onnx_path, out_dir / REPORT_NAME, out_dir / SUMMARY_NAME,
-                                  fold_report, exported, check, notes)  # fmt: skip
     report("write report", 0.95)
+    result = ConversionResult(
+        source=source,
+        onnx_path=onnx_path,
+        report_path=out_dir / REPORT_NAME,
+        summary_path=out_dir / SUMMARY_NAME,
+        fold=fold_report,
+        export=exported,
+        test_split=check,
+        op_histogram=op_histogram(onnx.load(str(onnx_path))),
+        notes=notes,
+    )
     result.report_path.write_text(json.dumps(result.as_dict(), indent=2, default=str) + "\n")
     result.summary_path.write_text(summary_markdown(result))
     report("done", 1.0)
@@ -224,7 +234,7 @@ def summary_markdown(result: ConversionResult) -> str:
     for norm in fold.norms:
         detail = ", ".join(norm.into) if norm.into else norm.reason
         lines.append(f"| {norm.name} | {norm.kind} | {norm.action} | {detail} |")
-    histogram = op_histogram(onnx.load(str(result.onnx_path)))
+    histogram = sorted(result.op_histogram.items(), key=lambda item: -item[1])
     lines += ["", "## Operators in the folded graph", "", "| op | count |", "|---|---|"]
-    lines += [f"| {op} | {count} |" for op, count in sorted(histogram.items(), key=lambda i: -i[1])]
+    lines += [f"| {op} | {count} |" for op, count in histogram]
     return "\n".join(lines) + "\n"
