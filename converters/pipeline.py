@@ -109,7 +109,7 @@ def convert(
         exported, check = None, None
     else:
         report("load", 0.05)
-        model, example, info = _load_torch_source(source, config)
+        model, example, test_split = _load_torch_source(source, config)
         report("fold", 0.2)
         folded, fold_report = fold_norms(model, example, allow_online=allow_online)
         report("export", 0.4)
@@ -117,7 +117,7 @@ def convert(
             example = tuple(a[:1] for a in example)
         exported = export_onnx(folded, example, onnx_path, opset=opset, dynamic_batch=dynamic_batch)
         report("verify", 0.7)
-        check = _check_test_split(model, onnx_path, info) if info is not None else None
+        check = None if test_split is None else _check_test_split(model, onnx_path, *test_split)
         notes = () if check else ("no data set recorded in the checkpoint: test split not checked",)
     report("write report", 0.95)
     result = ConversionResult(
@@ -139,7 +139,9 @@ def convert(
 
 def _load_torch_source(
     source: Path, config: str | Path | Mapping[str, Any] | None
-) -> tuple[nn.Module, tuple[Tensor, ...], edge_un.CheckpointInfo | None]:
+) -> tuple[nn.Module, tuple[Tensor, ...], tuple[Tensor, Tensor] | None]:
+    """The model, example inputs to trace it with, and (inputs, labels) of the test split that
+    the checkpoint records, if it records one (loaded once: it also supplies the examples)."""
     if source.suffix == ".pt2":
         program = load_program(source)
         example = program_example_inputs(program)
@@ -148,16 +150,15 @@ def _load_torch_source(
         return program, example, None
     model, info = edge_un.load_checkpoint(source, config=config)
     if "dataset" in info.metadata:
-        inputs, _ = edge_data.checkpoint_split(info, "test")
-        return model, (inputs[:2],), info
+        inputs, labels = edge_data.checkpoint_split(info, "test")
+        return model, (inputs[:2],), (inputs, labels)
     return model, default_example_inputs(model), None
 
 
 @torch.no_grad()
 def _check_test_split(
-    model: nn.Module, onnx_path: Path, info: edge_un.CheckpointInfo
+    model: nn.Module, onnx_path: Path, inputs: Tensor, labels: Tensor
 ) -> TestSplitCheck:
-    inputs, labels = edge_data.checkpoint_split(info, "test")
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     input_name = session.get_inputs()[0].name
     static_batch = session.get_inputs()[0].shape[0]
