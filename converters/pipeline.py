@@ -79,6 +79,58 @@ class ConversionResult:
         }
 
 
+@dataclass(frozen=True)
+class FoldedSource:
+    """A loaded and folded model, ready to be exported at any opset/batch (one load, one fold).
+
+    ``model`` is the original torch model (or program) the folded one is checked against;
+    ``folded`` is the folded GraphModule, or the folded ONNX proto for an ONNX source;
+    ``test_split`` is (inputs, labels) when the checkpoint records its data set.
+    """
+
+    source: Path
+    fold: FoldReport
+    folded: Any
+    model: Any
+    example: tuple[Tensor, ...]
+    test_split: tuple[Tensor, Tensor] | None
+    info: edge_un.CheckpointInfo | None
+
+    @property
+    def is_onnx(self) -> bool:
+        return isinstance(self.folded, onnx.ModelProto)
+
+
+def load_and_fold(
+    source: str | Path,
+    *,
+    config: str | Path | Mapping[str, Any] | None = None,
+    allow_online: bool = False,
+) -> FoldedSource:
+    """Read ``source`` (never running code from it) and fold every offline norm."""
+    source = Path(source)
+    if not source.is_file():
+        raise ConversionError(f"{source}: no such file")
+    if source.suffix == ".onnx":
+        folded, fold_report = fold_onnx(source, allow_online=allow_online)
+        return FoldedSource(source, fold_report, folded, None, (), None, None)
+    model, example, test_split, info = _load_torch_source(source, config)
+    folded, fold_report = fold_norms(model, example, allow_online=allow_online)
+    return FoldedSource(source, fold_report, folded, model, example, test_split, info)
+
+
+def export_folded(
+    folded: FoldedSource, path: Path, *, opset: int = 18, dynamic_batch: bool = True
+) -> ExportInfo | None:
+    """Write the folded model to ``path`` as one ONNX file. An ONNX source keeps its own opset
+    and shapes (returns None: nothing was exported)."""
+    if folded.is_onnx:
+        onnx.save_model(folded.folded, str(path), save_as_external_data=False)
+        return None
+    example = folded.example if dynamic_batch else tuple(a[:1] for a in folded.example)
+    return export_onnx(folded.folded, example, path, opset=opset, dynamic_batch=dynamic_batch)
+
+
 def convert(
     source: str | Path,
     out_dir: str | Path,
@@ -92,32 +144,26 @@ def convert(
     """Fold every offline norm of ``source`` and write ``model.onnx``, ``report.json`` and
     ``report.md`` into ``out_dir``. Raises a ConversionError / CheckpointError (one line)."""
     source, out_dir = Path(source), Path(out_dir)
-    if not source.is_file():
-        raise ConversionError(f"{source}: no such file")
     report = progress or (lambda stage, fraction: None)
+    report("load", 0.05)
+    folded = load_and_fold(source, config=config, allow_online=allow_online)
     out_dir.mkdir(parents=True, exist_ok=True)
     onnx_path = out_dir / ONNX_NAME
-    if source.suffix == ".onnx":
-        report("fold", 0.2)
-        folded, fold_report = fold_onnx(source, allow_online=allow_online)
-        onnx.save_model(folded, str(onnx_path), save_as_external_data=False)
-        report("verify", 0.6)
+    report("export", 0.4)
+    exported = export_folded(folded, onnx_path, opset=opset, dynamic_batch=dynamic_batch)
+    report("verify", 0.7)
+    if folded.is_onnx:
         diff = _onnx_vs_onnx(source, onnx_path)
-        notes = (f"ONNX Runtime, folded vs original on random inputs: max abs diff {diff:.3g}",)
+        notes: tuple[str, ...] = (
+            f"ONNX Runtime, folded vs original on random inputs: max abs diff {diff:.3g}",
+        )
         if opset != 18 or not dynamic_batch:
             notes += ("an ONNX source keeps its own opset and shapes: opset/static batch ignored",)
-        exported, check = None, None
+        check = None
     else:
-        report("load", 0.05)
-        model, example, test_split = _load_torch_source(source, config)
-        report("fold", 0.2)
-        folded, fold_report = fold_norms(model, example, allow_online=allow_online)
-        report("export", 0.4)
-        if not dynamic_batch:
-            example = tuple(a[:1] for a in example)
-        exported = export_onnx(folded, example, onnx_path, opset=opset, dynamic_batch=dynamic_batch)
-        report("verify", 0.7)
-        check = None if test_split is None else _check_test_split(model, onnx_path, *test_split)
+        check = None if folded.test_split is None else _check_test_split(
+            folded.model, onnx_path, *folded.test_split
+        )
         notes = () if check else ("no data set recorded in the checkpoint: test split not checked",)
     report("write report", 0.95)
     result = ConversionResult(
@@ -125,7 +171,7 @@ def convert(
         onnx_path=onnx_path,
         report_path=out_dir / REPORT_NAME,
         summary_path=out_dir / SUMMARY_NAME,
-        fold=fold_report,
+        fold=folded.fold,
         export=exported,
         test_split=check,
         op_histogram=op_histogram(onnx.load(str(onnx_path))),
@@ -139,20 +185,23 @@ def convert(
 
 def _load_torch_source(
     source: Path, config: str | Path | Mapping[str, Any] | None
-) -> tuple[nn.Module, tuple[Tensor, ...], tuple[Tensor, Tensor] | None]:
-    """The model, example inputs to trace it with, and (inputs, labels) of the test split that
-    the checkpoint records, if it records one (loaded once: it also supplies the examples)."""
+) -> tuple[
+    nn.Module, tuple[Tensor, ...], tuple[Tensor, Tensor] | None, edge_un.CheckpointInfo | None
+]:
+    """The model, example inputs to trace it with, (inputs, labels) of the test split that the
+    checkpoint records, if it records one (loaded once: it also supplies the examples), and the
+    checkpoint's info (None for a program)."""
     if source.suffix == ".pt2":
         program = load_program(source)
         example = program_example_inputs(program)
         if not example:
             raise ConversionError(f"{source.name}: the program carries no example inputs")
-        return program, example, None
+        return program, example, None, None
     model, info = edge_un.load_checkpoint(source, config=config)
     if "dataset" in info.metadata:
         inputs, labels = edge_data.checkpoint_split(info, "test")
-        return model, (inputs[:2],), (inputs, labels)
-    return model, default_example_inputs(model), None
+        return model, (inputs[:2],), (inputs, labels), info
+    return model, default_example_inputs(model), None, info
 
 
 @torch.no_grad()

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from ..norms import make_norm
+
+# Added to the attention score of a padded key. Bounded on purpose: exp(-30) ~ 1e-13 removes the
+# key in fp32 as completely as float32-min did, but an int8 quantizer calibrating the scores sees
+# a range of tens, not 3.4e38 (which gave the scores an int8 scale of 1.3e36 and uniform
+# attention). Additive, not masked_fill: no bool Where/Select op for an NPU to fall back on.
+# A row whose keys are all padded stays finite (uniform weights), as before.
+MASK_PENALTY = 30.0
 
 
 def init_weights(module: nn.Module) -> None:
@@ -39,8 +45,7 @@ class Attention(nn.Module):
         q, k, v = (self._split_heads(t) for t in self.qkv(x).chunk(3, dim=-1))
         scores = (q * self.scale) @ k.transpose(-2, -1)
         if key_pad_mask is not None:
-            # finfo.min, not -inf: a row with every key padded stays finite (uniform weights).
-            scores = scores.masked_fill(key_pad_mask[:, None, None, :], torch.finfo(x.dtype).min)
+            scores = scores - MASK_PENALTY * key_pad_mask[:, None, None, :].to(scores.dtype)
         out = scores.softmax(dim=-1) @ v
         return self.proj(out.transpose(1, 2).flatten(2))
 
