@@ -1,6 +1,6 @@
 """The paper's claim at small scale: which norms train a Transformer as well as LayerNorm?
 
-Norms {ln, bn, un, un without outlier filtration, mabn, pn, rbn} x tasks {ViT on MNIST-5k
+Norms {ln, bn, un, un without outlier filtration, mabn, pn, rbn, on} x tasks {ViT on MNIST-5k
 (pre-norm), text Transformer on Rotten Tomatoes pre-norm and post-norm} x seeds, one recipe per
 task (the "bench" presets in edge_un/training/presets.py). A run whose loss or outputs become
 NaN/Inf is recorded as FAIL, never dropped.
@@ -38,6 +38,7 @@ NORMS: dict[str, tuple[str, dict[str, Any]]] = {
     "mabn": ("mabn", {}),
     "pn": ("pn", {}),
     "rbn": ("rbn", {}),
+    "on": ("on", {}),
 }
 # name -> (model, data, norm_first)
 TASKS: dict[str, tuple[str, str, bool]] = {

@@ -85,6 +85,21 @@ def test_random_models_fold_exactly(seed: int) -> None:
     assert not {"aten.sqrt.default", "aten.rsqrt.default"} & targets
 
 
+@pytest.mark.parametrize("kind", edge_un.OFFLINE_KINDS)
+def test_every_offline_kind_folds_exactly(kind: str) -> None:
+    """The random configs above draw the norm kind; this covers each kind on purpose (centred
+    kinds fold their running mean into the shift)."""
+    config = {"img_size": 8, "patch_size": 4, "dim": 8, "depth": 1, "heads": 2, "pool": "mean",
+              "norm": kind}  # fmt: skip
+    model = build("vit", config, 6).double()
+    x = inputs_for(model).double()
+    folded, report = fold_norms(model)
+    with torch.no_grad():
+        assert relative_diff(model(x), folded(x)) <= EXACT
+    assert {n.name: n.action for n in report.norms} == expected_actions(model), str(report)
+    assert report.fully_integer and {n.kind for n in report.norms} == {kind}
+
+
 def test_folding_keeps_the_original_model_untouched() -> None:
     model = build("vit", {"img_size": 8, "patch_size": 4, "dim": 8, "depth": 1, "heads": 2}, 0)
     model.train()

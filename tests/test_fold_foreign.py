@@ -53,7 +53,7 @@ def ort_run(model: onnx.ModelProto | Path, x: torch.Tensor) -> np.ndarray:
     return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
 
 
-@pytest.mark.parametrize("kind", ["un", "bn"])
+@pytest.mark.parametrize("kind", ["un", "bn", "on"])
 def test_pt2_program_folds_exactly(tmp_path: Path, kind: str) -> None:
     model = foreign_model(kind).double()
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)

@@ -5,6 +5,7 @@ from .batch import BatchNorm, RegularizedBN, regularization_loss
 from .factory import NORM_CLASSES, NORM_KINDS, OFFLINE_KINDS, make_norm
 from .layer import LayerNorm
 from .mabn import MABN
+from .online import OnlineNorm
 from .power import PowerNormStar
 from .unified import UnifiedNorm
 
@@ -16,6 +17,7 @@ __all__ = [
     "BatchNorm",
     "LayerNorm",
     "OfflineNorm",
+    "OnlineNorm",
     "PowerNormStar",
     "RegularizedBN",
     "UnifiedNorm",

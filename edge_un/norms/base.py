@@ -12,6 +12,11 @@ every method runs the same autograd function; a method is only a choice of two a
 With z the normalised input and dz = weight * dy, the backward is
 ``dx = (dz - psi_mean - z * psi_var) / sqrt(var_hat + eps)``: exact batch statistics for both give
 ordinary BatchNorm; smoothed ones give MABN, PowerNorm and Unified Normalization.
+
+Statistics are taken over every non-pad position of the batch (shape ``(C,)``), or, for a method
+with ``per_sample = True``, separately over each batch element's non-pad positions (shape
+``(B, C)``): its averaging functions then return one mean/variance and one psi per sample, which
+is how Online Normalization's per-sample recurrence over the batch fits the same core.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .stats import flatten_tokens, masked_mean, masked_sum
+from .stats import group_tokens, masked_sum
 
 # What forward_statistics hands to backward_statistics for the same step (method-specific).
 StepState = Any
@@ -36,12 +41,14 @@ def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
 class OfflineNorm(nn.Module):
     """Base class: channels-last input ``(..., C)``, optional ``pad_mask`` (True = padding).
 
-    Subclasses set ``kind`` and ``centered`` and implement the two averaging functions.
+    Subclasses set ``kind``, ``centered`` (a mean is subtracted) and ``per_sample`` (statistics
+    per batch element instead of over the whole batch) and implement the two averaging functions.
     Statistics are computed in at least float32 (bfloat16 input: float32; float64: float64).
     """
 
     kind: ClassVar[str]
     centered: ClassVar[bool] = False
+    per_sample: ClassVar[bool] = False
 
     def __init__(self, num_features: int, *, momentum: float = 0.9, eps: float = 1e-5) -> None:
         super().__init__()
@@ -93,17 +100,23 @@ class OfflineNorm(nn.Module):
 
     # The two averaging functions. Both run under no_grad and may update buffers.
     def forward_statistics(
-        self, batch_mean: Tensor | None, batch_var: Tensor
+        self, batch_mean: Tensor | None, batch_var: Tensor, count: Tensor
     ) -> tuple[Tensor | None, Tensor, StepState]:
-        """Per-channel batch mean (None if not centered) and mean square of the (centred) input
-        -> (mean to subtract or None, variance to divide by, state for the backward)."""
+        """Per-channel batch mean (None if not centered) and mean square of the (centred) input,
+        and how many non-pad positions they were taken over
+        -> (mean to subtract or None, variance to divide by, state for the backward).
+
+        Shapes: ``(C,)`` statistics and a scalar count; with ``per_sample``, ``(B, C)`` and
+        ``(B,)`` (a sample that is all padding has count 0 and zero statistics), and the returned
+        mean/variance may be ``(B, C)``: one per sample."""
         raise NotImplementedError
 
     def backward_statistics(
         self, grad_mean: Tensor | None, grad_var: Tensor, step: StepState
     ) -> tuple[Tensor | None, Tensor]:
-        """Per-channel mean(dz) (None if not centered) and mean(dz * z) of this step
-        -> (psi_mean or None, psi_var) that the backward subtracts."""
+        """Per-channel mean(dz) (None if not centered) and mean(dz * z) of this step (per sample
+        with ``per_sample``: ``(B, C)``) -> (psi_mean or None, psi_var) that the backward
+        subtracts, of the same shape."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:
@@ -123,37 +136,68 @@ class OfflineNormFunction(torch.autograd.Function):
         norm: OfflineNorm,
     ) -> Tensor:
         dtype = statistics_dtype(x.dtype)
-        flat, keep = flatten_tokens(x.to(dtype), pad_mask)
+        # (G, T, C): G = 1 group of every position, or one group per sample.
+        tokens, keep = group_tokens(x.to(dtype), pad_mask, norm.per_sample)
         with torch.no_grad():
             norm.num_steps += 1
-            batch_mean = masked_mean(flat, keep) if norm.centered else None
-            centred = flat if batch_mean is None else flat - batch_mean
-            batch_var = masked_mean(centred * centred, keep)
-            mean_hat, var_hat, step = norm.forward_statistics(batch_mean, batch_var)
+            if keep is None:
+                count = tokens.new_full((tokens.shape[0], 1), tokens.shape[1])
+            else:
+                count = keep.sum(dim=1)
+            divisor = count.clamp(min=1)  # a group that is all padding gets zero statistics
+            batch_mean = _group_mean(tokens, keep, divisor) if norm.centered else None
+            centred = tokens if batch_mean is None else tokens - batch_mean.unsqueeze(1)
+            batch_var = _group_mean(centred * centred, keep, divisor)
+            mean_hat, var_hat, step = norm.forward_statistics(
+                *_ungroup(norm, batch_mean, batch_var, count.squeeze(1))
+            )
+            mean_hat, var_hat = _per_position(norm, mean_hat), _per_position(norm, var_hat)
         inv_std = torch.rsqrt(var_hat + norm.eps)
-        z = (flat if mean_hat is None else flat - mean_hat) * inv_std
+        z = (tokens if mean_hat is None else tokens - mean_hat) * inv_std
         y = z * weight.to(dtype) + bias.to(dtype)
-        ctx.save_for_backward(z, inv_std, weight, keep)
+        ctx.save_for_backward(z, inv_std, weight, keep, divisor)
         ctx.norm, ctx.step, ctx.x_shape, ctx.x_dtype = norm, step, x.shape, x.dtype
         return y.reshape(x.shape).to(x.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
-        z, inv_std, weight, keep = ctx.saved_tensors
+        z, inv_std, weight, keep, divisor = ctx.saved_tensors
         norm: OfflineNorm = ctx.norm
         dy = dy.reshape(z.shape).to(z.dtype)
         dz = dy * weight.to(z.dtype)
         with torch.no_grad():
-            grad_mean = masked_mean(dz, keep) if norm.centered else None
-            grad_var = masked_mean(dz * z, keep)
-            psi_mean, psi_var = norm.backward_statistics(grad_mean, grad_var, ctx.step)
+            grad_mean = _group_mean(dz, keep, divisor) if norm.centered else None
+            grad_var = _group_mean(dz * z, keep, divisor)
+            psi_mean, psi_var = norm.backward_statistics(
+                *_ungroup(norm, grad_mean, grad_var), ctx.step
+            )
+            psi_mean, psi_var = _per_position(norm, psi_mean), _per_position(norm, psi_var)
         dx = dz - z * psi_var
         if psi_mean is not None:
             dx = dx - psi_mean
         dx = dx * inv_std
         if keep is not None:
             dx = dx * keep
-        grad_weight = masked_sum(dy * z, keep).to(weight.dtype)
-        grad_bias = masked_sum(dy, keep).to(weight.dtype)
+        grad_weight = masked_sum(dy * z, keep, dim=(0, 1)).to(weight.dtype)
+        grad_bias = masked_sum(dy, keep, dim=(0, 1)).to(weight.dtype)
         return dx.reshape(ctx.x_shape).to(ctx.x_dtype), grad_weight, grad_bias, None, None
+
+
+def _group_mean(values: Tensor, keep: Tensor | None, divisor: Tensor) -> Tensor:
+    """(G, T, C) -> (G, C): mean over each group's non-pad positions."""
+    return masked_sum(values, keep, dim=1) / divisor
+
+
+def _ungroup(norm: OfflineNorm, *stats: Tensor | None) -> tuple[Tensor | None, ...]:
+    """Batch statistics (one group) go to the averaging functions as (C,) / scalar count."""
+    if norm.per_sample:
+        return stats
+    return tuple(None if s is None else s[0] for s in stats)
+
+
+def _per_position(norm: OfflineNorm, stat: Tensor | None) -> Tensor | None:
+    """A per-sample (B, C) statistic broadcast over each sample's positions: (B, 1, C)."""
+    if stat is None or not norm.per_sample:
+        return stat
+    return stat.unsqueeze(1)

@@ -20,7 +20,7 @@ class BatchNorm(OfflineNorm):
     centered = True
 
     def forward_statistics(
-        self, batch_mean: Tensor | None, batch_var: Tensor
+        self, batch_mean: Tensor | None, batch_var: Tensor, count: Tensor
     ) -> tuple[Tensor | None, Tensor, None]:
         assert batch_mean is not None
         self._update_running(self.running_mean, batch_mean)

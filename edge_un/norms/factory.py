@@ -10,6 +10,7 @@ from .base import OfflineNorm
 from .batch import BatchNorm, RegularizedBN
 from .layer import LayerNorm
 from .mabn import MABN
+from .online import OnlineNorm
 from .power import PowerNormStar
 from .unified import UnifiedNorm
 
@@ -20,6 +21,7 @@ NORM_CLASSES: dict[str, type[nn.Module]] = {
     "pn": PowerNormStar,
     "rbn": RegularizedBN,
     "un": UnifiedNorm,
+    "on": OnlineNorm,
 }
 NORM_KINDS: tuple[str, ...] = tuple(NORM_CLASSES)
 OFFLINE_KINDS: tuple[str, ...] = tuple(
@@ -29,7 +31,8 @@ OFFLINE_KINDS: tuple[str, ...] = tuple(
 
 def make_norm(kind: str, num_features: int, **kwargs: Any) -> nn.Module:
     """A norm over the last dimension: ``"ln"`` (LayerNorm, online) or an offline kind
-    (``"bn"``, ``"mabn"``, ``"pn"``, ``"rbn"``, ``"un"``). kwargs go to its constructor."""
+    (``"bn"``, ``"mabn"``, ``"pn"``, ``"rbn"``, ``"un"``, ``"on"``). kwargs go to its
+    constructor."""
     try:
         cls = NORM_CLASSES[kind]
     except KeyError:

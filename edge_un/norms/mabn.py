@@ -24,7 +24,7 @@ class MABN(OfflineNorm):
         self.register_buffer("window_g", torch.zeros(window_size, num_features))
 
     def forward_statistics(
-        self, batch_mean: Tensor | None, batch_var: Tensor
+        self, batch_mean: Tensor | None, batch_var: Tensor, count: Tensor
     ) -> tuple[None, Tensor, Tensor]:
         self._update_running(self.running_var, batch_var)
         slot = (self.num_steps % self.window_size).reshape(1)

@@ -30,7 +30,7 @@ class PowerNormStar(OfflineNorm):
         self.register_buffer("grad_gamma", torch.zeros(num_features))
 
     def forward_statistics(
-        self, batch_mean: Tensor | None, batch_var: Tensor
+        self, batch_mean: Tensor | None, batch_var: Tensor, count: Tensor
     ) -> tuple[None, Tensor, Tensor]:
         in_warmup = self.num_steps <= self.warmup_iters
         var_hat = torch.where(in_warmup, batch_var, self.running_var)

@@ -51,7 +51,7 @@ class UnifiedNorm(OfflineNorm):
         self.register_buffer("num_filtered", torch.tensor(0, dtype=torch.long))
 
     def forward_statistics(
-        self, batch_mean: Tensor | None, batch_var: Tensor
+        self, batch_mean: Tensor | None, batch_var: Tensor, count: Tensor
     ) -> tuple[None, Tensor, tuple[Tensor, Tensor, Tensor]]:
         # Everything stays a tensor (no .item()), so no host synchronisation on an accelerator.
         x2 = batch_var
