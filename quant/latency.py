@@ -1,0 +1,58 @@
+"""Latency on this machine: warm-up, then timed single runs; p50/p90/p99 in milliseconds.
+
+These are the numbers a report quotes for the CPU runtimes (ONNX Runtime, LiteRT with XNNPACK).
+Timing is of one batch-1 inference at a time, the edge case; throughput is the benchmarks' job.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+WARMUP = 10
+RUNS = 100
+
+
+@dataclass(frozen=True)
+class Timing:
+    threads: int
+    runs: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+
+
+def time_calls(call: Callable[[], object], threads: int, runs: int = RUNS) -> Timing:
+    """Run ``call`` WARMUP times untimed, then ``runs`` times timed one by one."""
+    for _ in range(WARMUP):
+        call()
+    samples = np.empty(runs)
+    for i in range(runs):
+        start = time.perf_counter()
+        call()
+        samples[i] = time.perf_counter() - start
+    p50, p90, p99 = np.percentile(samples * 1e3, [50, 90, 99])
+    return Timing(threads, runs, float(p50), float(p90), float(p99))
+
+
+def thread_counts() -> tuple[int, ...]:
+    """One thread (the edge-board-like figure) and every core this process may use."""
+    cores = len(os.sched_getaffinity(0))
+    return (1,) if cores == 1 else (1, cores)
+
+
+def onnx_latency(path: Path, sample: np.ndarray, threads: int, runs: int = RUNS) -> Timing:
+    """Batch-1 latency of an ONNX model in ONNX Runtime's CPU provider."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: sample[:1]}
+    return time_calls(lambda: session.run(None, feed), threads, runs)

@@ -1,0 +1,68 @@
+"""Measurements -> report records (the pydantic models of :mod:`quant.report`)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Literal
+
+from . import report as schema
+from .drift import Drift
+from .latency import Timing
+
+Runtime = Literal["onnxruntime", "litert"]
+ArtifactFormat = Literal["onnx", "tflite", "vela_tflite", "text"]
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def artifact_record(
+    path: Path, out_dir: Path, kind: ArtifactFormat, description: str
+) -> schema.Artifact:
+    return schema.Artifact(
+        name=path.relative_to(out_dir).as_posix(),
+        format=kind,
+        bytes=path.stat().st_size,
+        sha256=sha256_of(path),
+        description=description,
+    )
+
+
+def drift_record(
+    drift: Drift,
+    artifact: str,
+    worst: list[schema.LayerError],
+    max_drop_pts: float,
+    min_agreement: float,
+) -> schema.Drift:
+    return schema.Drift(
+        artifact=artifact,
+        top1_fp32=drift.top1_fp32,
+        top1_int8=drift.top1_int8,
+        top1_drop_pts=drift.top1_drop_pts,
+        agreement=drift.agreement,
+        cosine=drift.cosine,
+        max_abs_err=drift.max_abs_err,
+        samples=drift.samples,
+        worst_layers=worst,
+        within_bar=drift.within(max_drop_pts, min_agreement),
+    )
+
+
+def latency_record(timing: Timing, runtime: Runtime, artifact: str) -> schema.Latency:
+    return schema.Latency(
+        runtime=runtime,
+        artifact=artifact,
+        threads=timing.threads,
+        batch=1,
+        runs=timing.runs,
+        p50_ms=timing.p50_ms,
+        p90_ms=timing.p90_ms,
+        p99_ms=timing.p99_ms,
+    )

@@ -1,0 +1,154 @@
+"""``report.json``: one versioned schema, shared by the CLI and the HTTP service.
+
+Defined once here as pydantic models; ``quant/report.schema.json`` is generated from them
+(``python -m quant.report``) and a test keeps the committed file equal to the models. Bump
+``SCHEMA_VERSION`` on any change that is not a pure addition.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = "1.0"
+SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelInfo(_Model):
+    name: str
+    source_format: Literal["safetensors", "pt", "pt2", "onnx"]
+    parameters: int | None = Field(description="trainable parameters; None for an ONNX source")
+    input_shape: list[int] = Field(description="one sample, no batch axis")
+    input_dtype: str
+
+
+class Reference(_Model):
+    """The fp32 (folded) model on the evaluation data."""
+
+    top1_fp32: float | None
+    samples: int
+    eval_source: str
+    calibration_source: str
+    calibration_samples: int
+
+
+class Artifact(_Model):
+    name: str = Field(description="path relative to the output directory")
+    format: Literal["onnx", "tflite", "vela_tflite", "text"]
+    bytes: int
+    sha256: str
+    description: str
+
+
+class LayerError(_Model):
+    name: str
+    op: str
+    sqnr_db: float = Field(description="int8 vs fp32 value of this tensor (accumulated error)")
+    own_sqnr_db: float | None = Field(description="its own quantization step alone")
+
+
+class Drift(_Model):
+    artifact: str = Field(description="name of the artifact measured")
+    top1_fp32: float | None
+    top1_int8: float | None
+    top1_drop_pts: float | None
+    agreement: float
+    cosine: float
+    max_abs_err: float
+    samples: int
+    worst_layers: list[LayerError]
+    within_bar: bool
+
+
+class Latency(_Model):
+    runtime: Literal["onnxruntime", "litert"]
+    artifact: str
+    threads: int
+    batch: int
+    runs: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+
+
+class Exclusion(_Model):
+    """One step of the drift fallback: what was widened and what the drift became."""
+
+    step: int
+    action: str
+    tensors: list[str]
+    top1_drop_pts: float | None
+    agreement: float
+    est_cost: str | None = None
+
+
+class Vela(_Model):
+    accelerator: str
+    system_config: str
+    memory_mode: str
+    npu_ops: int
+    cpu_ops: list[str]
+    sram_kib: float
+    dram_kib: float
+    cycles: int
+    est_ms: float
+
+
+class TargetReport(_Model):
+    name: str
+    board: str
+    runtime: str
+    opset: int
+    rules: list[str]
+    status: Literal["ok", "over_bar", "failed"]
+    error: str | None = None
+    artifacts: list[Artifact] = []
+    drift: Drift | None = None
+    pure_int8_drift: Drift | None = Field(
+        default=None, description="before any fallback, when the fallback changed something"
+    )
+    latency: list[Latency] = []
+    fallback_ops: list[str] = Field(
+        default=[], description="ops its accelerator would not run (they run on the host CPU)"
+    )
+    int16_tensors: list[str] = []
+    excluded: list[Exclusion] = []
+    vela: Vela | None = None
+    vela_pure_int8: Vela | None = Field(
+        default=None, description="the pure int8 file's Vela figures, when 16x8 was shipped"
+    )
+
+
+class Report(_Model):
+    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    edge_un_version: str
+    model: ModelInfo
+    fold: dict[str, Any] = Field(description="converters.FoldReport: what happened to each norm")
+    reference: Reference
+    max_drift_pts: float
+    min_agreement: float
+    targets: dict[str, TargetReport]
+    notes: list[str] = []
+
+    def write(self, path: Path) -> None:
+        path.write_text(self.model_dump_json(indent=2) + "\n")
+
+    @classmethod
+    def read(cls, path: Path) -> Report:
+        return cls.model_validate_json(Path(path).read_text())
+
+
+def json_schema() -> dict[str, Any]:
+    return Report.model_json_schema()
+
+
+if __name__ == "__main__":
+    SCHEMA_FILE.write_text(json.dumps(json_schema(), indent=2) + "\n")
+    print(f"wrote {SCHEMA_FILE}")

@@ -1,0 +1,77 @@
+"""Each target's rules, enforced on the ONNX files it ships (TFLite: :mod:`quant.tflite`).
+
+A profile states its rules (:mod:`quant.targets`); these checks read them back from the file
+produced, so an artifact that a board would reject never leaves the pipeline as "ok".
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .errors import RuleViolation
+from .targets import TargetProfile
+
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def file_opset(model: onnx.ModelProto) -> int:
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def check_onnx_artifact(path: Path, profile: TargetProfile) -> None:
+    """Raise RuleViolation naming the first broken rule of ``profile`` in the QDQ file."""
+    model = onnx.load(str(path))
+    name = f"{profile.name}: {path.name}"
+    opset = file_opset(model)
+    if opset != profile.opset:
+        raise RuleViolation(f"{name}: opset {opset}, the target needs {profile.opset}")
+    if profile.static_batch:
+        for value in model.graph.input:
+            dims = value.type.tensor_type.shape.dim
+            if not dims or not dims[0].HasField("dim_value") or dims[0].dim_value != 1:
+                raise RuleViolation(f"{name}: input {value.name} is not static batch 1")
+    initializers = {init.name: init for init in model.graph.initializer}
+    qdq = [node for node in model.graph.node if node.op_type in QDQ_OPS]
+    if not qdq:
+        raise RuleViolation(f"{name}: no QuantizeLinear/DequantizeLinear: not quantized")
+    for node in qdq:
+        scale = _constant(initializers, node.input[1], f"{name}: scale of {node.name}")
+        zero_point = (
+            _constant(initializers, node.input[2], f"{name}: zero point of {node.name}")
+            if len(node.input) > 2 and node.input[2]
+            else np.zeros((), np.int8)
+        )
+        if profile.symmetric_activations and np.any(zero_point != 0):
+            raise RuleViolation(f"{name}: {node.name} has a non-zero zero point (asymmetric)")
+        if profile.symmetric_activations and zero_point.dtype.kind == "u":
+            raise RuleViolation(f"{name}: {node.name} is unsigned; the target needs signed")
+        if profile.power_of_two_scales and not is_power_of_two(scale):
+            raise RuleViolation(f"{name}: {node.name} has a scale that is not a power of two")
+
+
+def _constant(initializers: dict[str, onnx.TensorProto], name: str, what: str) -> np.ndarray:
+    if name not in initializers:
+        raise RuleViolation(f"{what} is computed at run time, not a constant")
+    return numpy_helper.to_array(initializers[name])
+
+
+def is_power_of_two(values: np.ndarray) -> bool:
+    mantissa, _ = np.frexp(np.asarray(values, dtype=np.float64))
+    return bool(np.all(mantissa == 0.5))
+
+
+def onnx_op_histogram(path: Path) -> Counter[str]:
+    return Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+
+
+def unsupported_ops(ops: Iterable[str], profile: TargetProfile) -> list[str]:
+    """Ops of an artifact that the target's accelerator does not run (empty = runs them all)."""
+    if not profile.accelerator_ops:
+        return []
+    return sorted({op for op in ops if op not in profile.accelerator_ops})

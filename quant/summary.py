@@ -1,0 +1,128 @@
+"""``report.md`` and the terminal summary: the report for a person, from the report.json model."""
+
+from __future__ import annotations
+
+from .report import Report, TargetReport
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
+
+
+def _pts(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} pt"
+
+
+def drift_rows(report: Report) -> list[list[str]]:
+    """One row per target: status, top-1 fp32 -> int8, drop, agreement, cosine, 16-bit tensors."""
+    rows = []
+    for target in report.targets.values():
+        drift = target.drift
+        if drift is None:
+            rows.append([target.name, target.status, "-", "-", "-", "-", target.error or ""])
+            continue
+        rows.append([
+            target.name,
+            target.status,
+            f"{_pct(drift.top1_fp32)} -> {_pct(drift.top1_int8)}",
+            _pts(drift.top1_drop_pts),
+            _pct(drift.agreement),
+            f"{drift.cosine:.4f}",
+            _widened(target),
+        ])  # fmt: skip
+    return rows
+
+
+def _widened(target: TargetReport) -> str:
+    if target.int16_tensors:
+        return f"{len(target.int16_tensors)} tensors int16"
+    if any(step.action.startswith("16-bit activations") for step in target.excluded):
+        return "16x8 (int16 activations)"
+    return "pure int8"
+
+
+def latency_rows(report: Report) -> list[list[str]]:
+    rows = []
+    for target in report.targets.values():
+        for timing in target.latency:
+            rows.append([
+                target.name, timing.runtime, timing.artifact, str(timing.threads),
+                f"{timing.p50_ms:.3f}", f"{timing.p90_ms:.3f}", f"{timing.p99_ms:.3f}",
+            ])  # fmt: skip
+        if target.vela is not None:
+            vela = target.vela
+            rows.append([
+                target.name, f"Vela ({vela.accelerator})", vela.system_config, "NPU",
+                f"{vela.est_ms:.3f}", "-", "-",
+            ])  # fmt: skip
+    return rows
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def summary_markdown(report: Report) -> str:
+    ref = report.reference
+    lines = [
+        f"# edge-un conversion: {report.model.name}",
+        "",
+        f"- fp32 top-1 {_pct(ref.top1_fp32)} on {ref.samples} samples ({ref.eval_source}); "
+        f"calibrated on {ref.calibration_samples} ({ref.calibration_source})",
+        f"- bars: top-1 drop <= {report.max_drift_pts} pt and agreement >= "
+        f"{100 * report.min_agreement:.0f} %",
+        f"- norms: {len(report.fold['norms'])} offline, fully integer-ready: "
+        f"{'yes' if report.fold['fully_integer'] else 'NO'}",
+        "",
+        "## Drift (int8 vs fp32, held-out data)",
+        "",
+    ]
+    lines += _table(
+        ["target", "status", "top-1 fp32 -> int8", "drop", "agreement", "cosine", "precision"],
+        drift_rows(report),
+    )
+    lines += ["", "## Latency (this machine; Vela: estimated on the NPU)", ""]
+    lines += _table(["target", "runtime", "artifact", "threads", "p50 ms", "p90 ms", "p99 ms"],
+                    latency_rows(report))  # fmt: skip
+    for target in report.targets.values():
+        lines += ["", f"## {target.name}: {target.board}", ""]
+        lines += [f"- runtime: {target.runtime}; rules: {'; '.join(target.rules)}"]
+        if target.error:
+            lines.append(f"- FAILED: {target.error}")
+        for item in target.artifacts:
+            lines.append(f"- `{item.name}` ({item.bytes:,} bytes, sha256 {item.sha256[:12]}...): "
+                         f"{item.description}")  # fmt: skip
+        if target.drift and target.drift.worst_layers:
+            worst = ", ".join(
+                f"{layer.name} ({layer.op}, {layer.sqnr_db:.1f} dB)"
+                for layer in target.drift.worst_layers
+            )
+            lines.append(f"- worst layers (SQNR vs fp32): {worst}")
+        if target.pure_int8_drift is not None:
+            pure = target.pure_int8_drift
+            lines.append(f"- pure int8 before the fallback: drop {_pts(pure.top1_drop_pts)}, "
+                         f"agreement {_pct(pure.agreement)}")  # fmt: skip
+        for step in target.excluded:
+            cost = f"; cost: {step.est_cost}" if step.est_cost else ""
+            lines.append(
+                f"- fallback step {step.step}: {step.action} -> drop "
+                f"{_pts(step.top1_drop_pts)}, agreement {_pct(step.agreement)}{cost}"
+            )
+        if target.fallback_ops:
+            lines.append(f"- ops off the accelerator: {', '.join(target.fallback_ops)}")
+        if target.vela is not None:
+            vela = target.vela
+            lines.append(
+                f"- Vela {vela.accelerator}, {vela.system_config} / {vela.memory_mode}: "
+                f"{vela.npu_ops} ops on the NPU, {len(vela.cpu_ops)} on the CPU"
+                f"{' (' + ', '.join(vela.cpu_ops) + ')' if vela.cpu_ops else ''}; "
+                f"{vela.cycles:,} cycles, {vela.est_ms:.3f} ms, SRAM {vela.sram_kib:.1f} KiB, "
+                f"DRAM {vela.dram_kib:.1f} KiB"
+            )
+        if target.vela_pure_int8 is not None:
+            pure_vela = target.vela_pure_int8
+            lines.append(f"- Vela, pure int8 file: {pure_vela.cycles:,} cycles, "
+                         f"{pure_vela.est_ms:.3f} ms")  # fmt: skip
+    lines += [""] + [f"- note: {note}" for note in report.notes]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,172 @@
+"""Edge target profiles: what each board's runtime needs, and how its artifacts are made.
+
+A profile is data, not code: the pipeline reads it to decide which artifacts to build (int8 ONNX
+through ONNX Runtime's quantizer, full-int8 TFLite through onnx2tf, a Vela-compiled file), with
+which quantization rules, at which opset and batch; :mod:`quant.rules` enforces the same rules
+on every file produced. Facts behind each profile: ``shared/docs/targets-and-toolchain.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import UnknownTargetError
+
+ArtifactKind = Literal["onnx_qdq", "tflite", "vela"]
+ActivationType = Literal["int8", "uint8"]
+Fallback = Literal["int16_tensors", "int16_model", "none"]
+
+# Ops Vela 5.2 places on Ethos-U65 for int8 graphs (subset this project's models use; Vela's
+# own summary is the authority for a compiled file, this list is only for reporting early).
+ETHOS_U_OPS = frozenset({
+    "ADD", "AVERAGE_POOL_2D", "BATCH_MATMUL", "CONCATENATION", "CONV_2D", "DEPTHWISE_CONV_2D",
+    "FULLY_CONNECTED", "GELU", "MEAN", "MUL", "PAD", "QUANTIZE", "RESHAPE", "RSQRT", "SLICE",
+    "SOFTMAX", "SPLIT", "SPLIT_V", "SQUARED_DIFFERENCE", "STRIDED_SLICE", "SUB", "SUM",
+    "TRANSPOSE", "DEQUANTIZE", "LOGISTIC", "TANH", "MAX_POOL_2D", "EXP",
+})  # fmt: skip
+# TFLite builtins the i.MX 8M Plus VX delegate runs on its NPU (NXP's eIQ guide, ops table).
+VX_DELEGATE_OPS = frozenset({
+    "ADD", "AVERAGE_POOL_2D", "BATCH_MATMUL", "CONCATENATION", "CONV_2D", "DEPTHWISE_CONV_2D",
+    "FULLY_CONNECTED", "GELU", "MEAN", "MUL", "PAD", "QUANTIZE", "DEQUANTIZE", "RESHAPE",
+    "RSQRT", "SLICE", "SOFTMAX", "SPLIT", "SPLIT_V", "SQUARED_DIFFERENCE", "STRIDED_SLICE",
+    "SUB", "SUM", "TRANSPOSE", "LOGISTIC", "TANH", "MAX_POOL_2D",
+})  # fmt: skip
+# ONNX ops TIDL imports for transformers on TDA4VM (TI edgeai-tidl-tools supported-ops list).
+TIDL_OPS = frozenset({
+    "Add", "Concat", "Conv", "DequantizeLinear", "Div", "Erf", "Flatten", "Gemm", "MatMul",
+    "Mul", "QuantizeLinear", "ReduceMean", "Reshape", "Slice", "Softmax", "Split", "Sub",
+    "Transpose", "Gather", "Sqrt", "Pow", "Squeeze", "Unsqueeze",
+})  # fmt: skip
+# ONNX Runtime's CPU provider runs every standard op: nothing falls back.
+ORT_CPU_OPS: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class TargetProfile:
+    """One deployment target and the rules its artifacts must satisfy."""
+
+    name: str
+    board: str
+    runtime: str
+    artifacts: tuple[ArtifactKind, ...]
+    opset: int
+    static_batch: bool
+    activation_type: ActivationType
+    symmetric_activations: bool
+    power_of_two_scales: bool
+    full_integer: bool  # no float op or tensor may remain (NPU-only graphs)
+    fallback: Fallback  # how the drift fallback may widen sensitive tensors
+    accelerator_ops: frozenset[str]  # ops its accelerator runs; empty = everything
+    notes: str
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """The quantization rules, as sentences a user reads (``edge-un targets``)."""
+        rules = [
+            f"opset {self.opset}, batch {'1 (static shapes)' if self.static_batch else 'dynamic'}",
+            "weights int8, symmetric, per channel",
+            f"activations {self.activation_type}, "
+            + ("symmetric" if self.symmetric_activations else "asymmetric"),
+        ]
+        if self.power_of_two_scales:
+            rules.append("every scale a power of two")
+        if self.full_integer:
+            rules.append("fully integer: no float op or tensor, int8 input and output")
+        rules.append(
+            {
+                "int16_tensors": "drift fallback: the most sensitive tensors to 16-bit",
+                "int16_model": "drift fallback: 16-bit activations for the whole model (16x8)",
+                "none": "no 16-bit fallback in the file: pure int8",
+            }[self.fallback]
+        )
+        return tuple(rules)
+
+
+PROFILES: dict[str, TargetProfile] = {
+    profile.name: profile
+    for profile in (
+        TargetProfile(
+            name="cpu",
+            board="x86 / Arm CPU",
+            runtime="ONNX Runtime (CPU provider)",
+            artifacts=("onnx_qdq",),
+            opset=21,  # QuantizeLinear takes int16 natively from 21 (the drift fallback's tensors)
+            static_batch=False,
+            # u8 activations run faster in ORT on x86 (Add/Mul become QLinearAdd/QLinearMul).
+            activation_type="uint8",
+            symmetric_activations=False,
+            power_of_two_scales=False,
+            full_integer=False,
+            fallback="int16_tensors",
+            accelerator_ops=ORT_CPU_OPS,
+            notes="reference target; the int8 ONNX file also runs on any ORT build",
+        ),
+        TargetProfile(
+            name="imx93",
+            board="NXP i.MX 93 (Arm Ethos-U65-256 NPU)",
+            runtime="TFLite compiled by Vela 5.2",
+            artifacts=("tflite", "vela"),
+            opset=20,  # GELU as one Gelu node -> builtin GELU (Erf would become a Flex op)
+            static_batch=True,
+            activation_type="int8",
+            symmetric_activations=False,
+            power_of_two_scales=False,
+            full_integer=True,
+            fallback="int16_model",  # Ethos-U runs 16x8
+            accelerator_ops=ETHOS_U_OPS,
+            notes="ops Vela cannot place run on the Cortex-A55",
+        ),
+        TargetProfile(
+            name="imx8mp",
+            board="NXP i.MX 8M Plus (VeriSilicon NPU, TFLite VX delegate)",
+            runtime="TFLite + VX delegate",
+            artifacts=("tflite",),
+            opset=20,
+            static_batch=True,
+            activation_type="int8",
+            symmetric_activations=False,
+            power_of_two_scales=False,
+            full_integer=True,
+            fallback="none",  # no float/int8 mixing, no int16 on the NPU path
+            accelerator_ops=VX_DELEGATE_OPS,
+            notes="per-tensor int8; NPU integer math is not bit-exact vs the CPU",
+        ),
+        TargetProfile(
+            name="tda4vm",
+            board="TI TDA4VM (C7x/MMA, TIDL)",
+            runtime="TIDL (QDQ ONNX import)",
+            artifacts=("onnx_qdq",),
+            opset=17,  # TIDL is validated around opset 17-19; Erf GELU pattern is fused
+            static_batch=True,
+            activation_type="int8",
+            symmetric_activations=True,
+            power_of_two_scales=True,
+            full_integer=False,
+            # TIDL runs selected layers in 16 bits, but it takes that list from its own import
+            # config, and opset-17 QuantizeLinear cannot carry int16: the file stays pure int8;
+            # the report's worst layers are the candidates for TIDL's 16-bit list.
+            fallback="none",
+            accelerator_ops=TIDL_OPS,
+            notes="symmetric only, power-of-2 scales, both MatMul inputs signed",
+        ),
+    )
+}
+TARGET_NAMES: tuple[str, ...] = tuple(PROFILES)
+
+
+def get_profile(name: str) -> TargetProfile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise UnknownTargetError(
+            f"unknown target {name!r}; choose from {', '.join(TARGET_NAMES)}"
+        ) from None
+
+
+def parse_targets(spec: str | None) -> tuple[TargetProfile, ...]:
+    """``"cpu,imx93"`` -> profiles, in the order given; ``None``/``""``/``"all"`` -> every one."""
+    if not spec or spec.strip() == "all":
+        return tuple(PROFILES.values())
+    names = [part.strip() for part in spec.split(",") if part.strip()]
+    return tuple(dict.fromkeys(get_profile(name) for name in names))

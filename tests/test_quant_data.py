@@ -1,0 +1,110 @@
+"""Calibration / evaluation .npz files: every bad input gets its own clear one-line error."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quant.data import InputSpec, load_npz
+from quant.errors import DataFileError
+
+IMAGE = InputSpec((1, 28, 28), "float32")
+TOKENS = InputSpec((16,), "int64")
+
+
+def write(path: Path, **arrays: np.ndarray) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+def images(count: int = 32) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((count, 1, 28, 28)).astype(np.float32)
+
+
+def load(path: Path, spec: InputSpec = IMAGE, minimum: int = 16):
+    return load_npz(path, spec, purpose="calibration", minimum=minimum)
+
+
+def test_a_good_file_loads_with_labels(tmp_path: Path) -> None:
+    labels = np.arange(32) % 10
+    samples = load(write(tmp_path / "ok.npz", inputs=images(), labels=labels))
+    assert samples.inputs.shape == (32, 1, 28, 28) and samples.inputs.dtype == np.float32
+    assert np.array_equal(samples.labels, labels)
+
+
+def test_float64_inputs_and_integral_float_token_ids_are_converted(tmp_path: Path) -> None:
+    assert load(write(tmp_path / "a.npz", inputs=images().astype(np.float64))).inputs.dtype == (
+        np.float32
+    )
+    ids = np.ones((32, 16), dtype=np.float32)
+    assert load(write(tmp_path / "b.npz", inputs=ids), TOKENS).inputs.dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"inputs": images()[:, :, :27]}, "shape (32, 1, 27, 28), the model takes (N, 1, 28, 28)"),
+        ({"inputs": images(4)}, "4 samples, at least 16 needed"),
+        ({"data": images()}, "no 'inputs' array (found: data)"),
+        ({"inputs": np.array(["a"] * 32)}, "'inputs' has dtype <U1, expected numbers"),
+        ({"inputs": np.where(np.arange(32)[:, None, None, None] == 3, np.nan, images())},
+         "has 784 NaN/Inf values"),
+        ({"inputs": images(), "labels": np.arange(31)}, "31 labels for 32 inputs"),
+        ({"inputs": images(), "labels": np.zeros(32, np.float32)}, "'labels' must be a 1-D int"),
+    ],
+)  # fmt: skip
+def test_bad_contents(tmp_path: Path, arrays: dict, message: str) -> None:
+    with pytest.raises(DataFileError) as caught:
+        load(write(tmp_path / "bad.npz", **arrays))
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_fractional_token_ids_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(DataFileError, match="must be integer token ids"):
+        load(write(tmp_path / "t.npz", inputs=np.full((32, 16), 0.5)), TOKENS)
+
+
+def test_a_pickled_object_array_is_refused_and_never_unpickled(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    objects = np.empty(32, dtype=object)
+    objects[:] = [Payload() for _ in range(32)]
+    np.savez(tmp_path / "evil.npz", inputs=objects)
+    assert not marker.exists()
+    with pytest.raises(DataFileError, match="pickled object array, which is never loaded"):
+        load(tmp_path / "evil.npz")
+    assert not marker.exists()
+    # The same file does run code when unpickled: the test above could have failed.
+    np.load(tmp_path / "evil.npz", allow_pickle=True)["inputs"]
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "not a readable .npz archive"),
+        (b"PK\x03\x04 truncated zip", "not a readable .npz archive"),
+        (pickle.dumps({"inputs": [1, 2]}), "pickled object"),
+    ],
+)
+def test_files_that_are_not_npz(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "x.npz"
+    path.write_bytes(content)
+    with pytest.raises(DataFileError, match=message):
+        load(path)
+
+
+def test_a_plain_npy_file_and_a_missing_file(tmp_path: Path) -> None:
+    np.save(tmp_path / "single.npy", images())
+    with pytest.raises(DataFileError, match=r"a single \.npy array"):
+        load(tmp_path / "single.npy")
+    with pytest.raises(DataFileError, match="no such file"):
+        load(tmp_path / "missing.npz")
