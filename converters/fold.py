@@ -100,8 +100,9 @@ def fold_norms(
 
 def _online_message(online: Sequence[str]) -> str:
     return (
-        f"online norms cannot fold: {', '.join(online)}; swap them for an offline norm "
-        "(edge_un.swap_layernorm) and fine-tune, or keep them with allow_online=True "
+        f"online norms cannot fold: {', '.join(online)}; migrate the model to UN first "
+        "(edge-un migrate CHECKPOINT --epochs N --out PATH, or edge_un.migrate: swaps them and "
+        "distils the model into the result), or keep them with allow_online=True "
         "(CLI: --allow-online)"
     )
 

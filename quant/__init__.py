@@ -1,1 +1,36 @@
-"""int8 post-training quantization per edge target, and its measurements."""
+"""int8 post-training quantization per edge target, and its measurements.
+
+* :func:`convert` (:mod:`quant.pipeline`): the one pipeline the CLI and the service run;
+* :mod:`quant.targets`: the edge target profiles and their rules;
+* :class:`Report` (:mod:`quant.report`): the versioned ``report.json`` schema.
+"""
+
+from typing import Any
+
+from .errors import DataFileError, QuantError, RuleViolation, UnknownTargetError
+from .report import SCHEMA_VERSION, Report
+from .targets import PROFILES, TARGET_NAMES, TargetProfile
+
+
+def __getattr__(name: str) -> Any:
+    # The pipeline pulls in ONNX Runtime, LiteRT and torch: imported on first use, so that
+    # ``python -m quant.toolenv`` (the install step) and ``edge-un targets`` stay light.
+    if name == "convert":
+        from .pipeline import convert
+
+        return convert
+    raise AttributeError(f"module 'quant' has no attribute {name!r}")
+
+
+__all__ = [
+    "PROFILES",
+    "SCHEMA_VERSION",
+    "TARGET_NAMES",
+    "DataFileError",
+    "QuantError",
+    "Report",
+    "RuleViolation",
+    "TargetProfile",
+    "UnknownTargetError",
+    "convert",
+]

@@ -58,7 +58,8 @@ def load_npz(path: str | Path, spec: InputSpec, *, purpose: str, minimum: int) -
     except FileNotFoundError:
         raise DataFileError(f"{where}: no such file") from None
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
-        if "allow_pickle" in str(error) or "pickle" in str(error).lower():
+        # numpy takes anything that is neither .npy nor a zip for a pickle: say so only if it is
+        if "pickle" in str(error).lower() and _starts_like_a_pickle(path):
             raise DataFileError(
                 f"{where}: holds a pickled object, which is never loaded; save plain numeric "
                 "arrays with numpy.savez"
@@ -77,6 +78,11 @@ def load_npz(path: str | Path, spec: InputSpec, *, purpose: str, minimum: int) -
         inputs = _read(archive, "inputs", where)
         labels = _read(archive, "labels", where) if "labels" in archive.files else None
     return check_samples(Samples(inputs, labels, str(path)), spec, where=where, minimum=minimum)
+
+
+def _starts_like_a_pickle(path: Path) -> bool:
+    with path.open("rb") as stream:
+        return stream.read(1) == b"\x80"  # PROTO: how every pickle since protocol 2 opens
 
 
 def _read(archive: np.lib.npyio.NpzFile, key: str, where: str) -> np.ndarray:

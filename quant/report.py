@@ -1,7 +1,8 @@
 """``report.json``: one versioned schema, shared by the CLI and the HTTP service.
 
 Defined once here as pydantic models; ``quant/report.schema.json`` is generated from them
-(``python -m quant.report``) and a test keeps the committed file equal to the models. Bump
+(``python -c "import quant.report as r; r.write_schema()"``) and a test keeps the committed file
+equal to the models. Bump
 ``SCHEMA_VERSION`` on any change that is not a pure addition.
 """
 
@@ -145,10 +146,9 @@ class Report(_Model):
         return cls.model_validate_json(Path(path).read_text())
 
 
-def json_schema() -> dict[str, Any]:
-    return Report.model_json_schema()
+def json_schema_text() -> str:
+    return json.dumps(Report.model_json_schema(), indent=2) + "\n"
 
 
-if __name__ == "__main__":
-    SCHEMA_FILE.write_text(json.dumps(json_schema(), indent=2) + "\n")
-    print(f"wrote {SCHEMA_FILE}")
+def write_schema() -> None:
+    SCHEMA_FILE.write_text(json_schema_text())

@@ -46,8 +46,8 @@ def test_bad_file_is_one_line_and_nonzero_exit(tmp_path: Path) -> None:
     assert result.stderr.startswith("edge-un info: error: bad.safetensors: not a safetensors")
 
 
-def test_convert_defaults_to_the_bundled_example(tmp_path: Path) -> None:
-    result = run_cli("convert", "--out", str(tmp_path))
+def test_export_defaults_to_the_bundled_example(tmp_path: Path) -> None:
+    result = run_cli("export", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "VisionTransformer: 9 offline norms, 9 folded, 0 kept" in result.stdout
     assert "agreement 1.0000 on 1000 samples" in result.stdout
@@ -63,6 +63,28 @@ def test_convert_refuses_a_layernorm_model_in_one_line(tmp_path: Path) -> None:
     assert result.returncode == 1
     last_line = result.stderr.rstrip("\n").split("\n")[-1].split("\r")[-1].strip()
     assert last_line.startswith("edge-un convert: error: online norms cannot fold: blocks.0.norm1")
-    assert "--allow-online" in last_line
+    assert "--allow-online" in last_line and "edge-un migrate" in last_line
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "model.onnx").exists()
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_targets_lists_every_profile_with_its_rules() -> None:
+    result = run_cli("targets")
+    assert result.returncode == 0, result.stderr
+    for name in ("cpu", "imx93", "imx8mp", "tda4vm"):
+        assert f"{name}: " in result.stdout
+    assert "every scale a power of two" in result.stdout  # tda4vm's rule
+
+
+def test_convert_bad_input_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "calib.npz"
+    bad.write_bytes(b"not an archive")
+    for args, message in (
+        (["--target", "gpu"], "unknown target 'gpu'; choose from cpu, imx93, imx8mp, tda4vm"),
+        (["--calib", str(bad)], "calibration data calib.npz: not a readable .npz archive"),
+    ):
+        result = run_cli("convert", "-o", str(tmp_path / "out"), *args)
+        assert result.returncode == 1
+        last_line = result.stderr.rstrip("\n").split("\n")[-1].split("\r")[-1].strip()
+        assert last_line.startswith(f"edge-un convert: error: {message}"), result.stderr
+        assert "Traceback" not in result.stderr

@@ -1,0 +1,129 @@
+"""Quantize onnx2tf's saved_model into the two TFLite files we ship. Runs INSIDE the tool env.
+
+Invoked by path with the tool environment's python (``quant.tflite`` does it), never imported by
+the main venv: it imports only the standard library, numpy and TensorFlow. Why not let onnx2tf
+quantize (``-oiqt``): it writes five quantized variants from one calibration set (we need two),
+and it casts every calibration input to float32, so a model with an int64 input (text token ids)
+cannot be fully integer-quantized at all. Here the representative data keeps the input's dtype.
+
+The converter settings are onnx2tf's own (``from_saved_model``, per-channel weights,
+``unfold_batchmatmul=False`` so attention stays BATCH_MATMUL), minus ``SELECT_TF_OPS``: a
+TensorFlow "Flex" op would run neither in LiteRT nor on an NPU, so an op with no integer kernel
+fails the conversion here instead of slipping through.
+
+    python _tf_convert.py SAVED_MODEL CALIB.npy --int8 OUT.tflite --int16x8 OUT.tflite
+
+CALIB.npy holds the calibration samples, float32 or int64, one sample per row (the model has
+batch 1), in the ONNX model's layout (NCHW) or already channels-last as the saved_model takes.
+Exit code 0 when the int8 file was written; on failure the last stderr line says why. A failed
+16x8 conversion (TensorFlow has no 16x8 path for some graphs, e.g. an int64 GATHER index input)
+is a "warning: ..." line on stdout, and no 16x8 file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import tensorflow as tf
+
+SIGNATURE = "serving_default"
+
+
+def _signature_input(saved_model: str) -> tuple[str, tf.dtypes.DType, tuple]:
+    """The single input of the saved_model's serving signature: (key, dtype, shape)."""
+    loaded = tf.saved_model.load(saved_model)
+    spec = loaded.signatures[SIGNATURE].structured_input_signature[1]
+    if len(spec) != 1:
+        raise SystemExit(f"error: expected one model input, the saved_model has {len(spec)}")
+    ((key, tensor_spec),) = spec.items()
+    return key, tensor_spec.dtype, tuple(tensor_spec.shape)
+
+
+def _to_saved_model_layout(calib: np.ndarray, shape: tuple, key: str) -> np.ndarray:
+    """ONNX-layout samples (N, C, H, W) -> the saved_model's (N, H, W, C), which onnx2tf made
+    channels-last; samples already in the saved_model's layout pass unchanged."""
+    if tuple(calib.shape[1:]) == tuple(shape[1:]):
+        return calib
+    if calib.ndim >= 3:
+        moved = np.moveaxis(calib, 1, -1)
+        if tuple(moved.shape[1:]) == tuple(shape[1:]):
+            return np.ascontiguousarray(moved)
+    raise SystemExit(
+        f"error: calibration samples have shape {calib.shape[1:]}, the "
+        f"saved_model input {key!r} takes {shape[1:]}"
+    )
+
+
+def _representative(calib: np.ndarray, key: str, dtype: tf.dtypes.DType):
+    """One sample per step, batch 1, in the input's own dtype (int64 ids stay int64)."""
+
+    def gen():
+        for i in range(calib.shape[0]):
+            yield {key: tf.constant(calib[i : i + 1], dtype=dtype)}
+
+    return gen
+
+
+def _convert(
+    saved_model: str, calib: np.ndarray, key: str, dtype: tf.dtypes.DType, mode: str
+) -> bytes:
+    converter = tf.lite.TFLiteConverter.from_saved_model(saved_model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = _representative(calib, key, dtype)
+    converter.unfold_batchmatmul = False
+    converter._experimental_disable_per_channel = False
+    if mode == "int8":
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        io_type = tf.int8
+    else:
+        converter.target_spec.supported_types = []
+        converter.target_spec.supported_ops = [
+            tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
+        ]
+        io_type = tf.int16
+    # Only a float input takes the integer I/O type. An int64 index input keeps its type when
+    # inference_input_type is left alone (the converter refuses tf.int64 there).
+    if dtype.is_floating:
+        converter.inference_input_type = io_type
+    converter.inference_output_type = io_type
+    return converter.convert()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("saved_model")
+    parser.add_argument("calib")
+    parser.add_argument("--int8", required=True, help="output path of the full-int8 file")
+    parser.add_argument("--int16x8", required=True, help="output path of the 16x8 file")
+    args = parser.parse_args()
+
+    calib = np.load(args.calib, allow_pickle=False)
+    key, dtype, shape = _signature_input(args.saved_model)
+    calib = _to_saved_model_layout(calib, shape, key)
+    print(f"input {key!r} {dtype.name} {shape}; {calib.shape[0]} calibration samples", flush=True)
+    for mode, out in (("int8", args.int8), ("int16x8", args.int16x8)):
+        try:
+            model = _convert(args.saved_model, calib, key, dtype, mode)
+        except Exception as exc:  # the converter raises many types; report one line
+            message = (
+                f"{mode} conversion failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            )
+            if mode == "int8":
+                print(f"error: {message[:400]}", file=sys.stderr)
+                return 1
+            # 16x8 is the fallback file, not the product: the int8 file still ships.
+            print(f"warning: {message[:400]}", flush=True)
+            continue
+        with open(out, "wb") as f:
+            f.write(model)
+        print(f"wrote {mode}: {out} ({len(model)} bytes)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

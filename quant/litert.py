@@ -1,0 +1,265 @@
+"""Running TFLite files with LiteRT (ai-edge-litert): outputs, every tensor, latency.
+
+ai-edge-litert is the maintained successor of tflite-runtime (which stops at 2.14 and fails
+with numpy 2); it runs in the main venv, so measuring a TFLite file needs no TensorFlow.
+
+Inputs are given as the ONNX model takes them (N, C, H, W for images, int64 token ids for
+text): onnx2tf made the TFLite input channels-last, and ``_to_file_layout`` moves the channel
+axis when the file's input shape says so. Float inputs are quantized with the input tensor's
+own scale and zero point; integer ids pass through. Files have a static batch of 1, so samples
+run one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+from ai_edge_litert import schema_py_generated as schema
+from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+from .latency import Timing
+
+SQNR_SAMPLES = 32
+_KERAS_PREFIX = re.compile(r"^model(_\d+)?/")
+
+
+def _interpreter(path: str | Path, threads: int = 1, *, all_tensors: bool = False) -> Interpreter:
+    """XNNPACK (the default delegate) for outputs and latency; the plain builtin kernels when
+    every tensor must be kept (a delegated partition keeps only its outputs)."""
+    if all_tensors:
+        interp = Interpreter(
+            model_path=str(path),
+            num_threads=threads,
+            experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+            experimental_preserve_all_tensors=True,
+        )
+    else:
+        interp = Interpreter(model_path=str(path), num_threads=threads)
+    interp.allocate_tensors()
+    return interp
+
+
+def _to_file_layout(inputs: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """(N, ...) samples in the ONNX layout -> the file's layout (channels last if it says so)."""
+    inputs = np.asarray(inputs)
+    if tuple(inputs.shape[1:]) == tuple(shape[1:]):
+        return inputs
+    if inputs.ndim >= 3:
+        moved = np.moveaxis(inputs, 1, -1)
+        if tuple(moved.shape[1:]) == tuple(shape[1:]):
+            return moved
+    raise ValueError(
+        f"inputs of shape {list(inputs.shape)} do not fit the TFLite input "
+        f"{list(shape)} (as given or channels-last)"
+    )
+
+
+def _quantizer(detail: Mapping) -> Callable[[np.ndarray], np.ndarray]:
+    """Model-layout float samples -> what the input tensor holds."""
+    dtype = np.dtype(detail["dtype"])
+    scale, zero_point = detail["quantization"]
+    if dtype.kind == "f" or dtype == np.int64 or dtype == np.int32 or scale == 0:
+        return lambda x: np.asarray(x).astype(dtype)
+    info = np.iinfo(dtype)
+
+    def quantize(x: np.ndarray) -> np.ndarray:
+        q = np.round(np.asarray(x, dtype=np.float64) / scale) + zero_point
+        return np.clip(q, info.min, info.max).astype(dtype)
+
+    return quantize
+
+
+def _dequantize(values: np.ndarray, detail: Mapping) -> np.ndarray:
+    scale, zero_point = detail["quantization"]
+    if scale == 0 or np.dtype(detail["dtype"]).kind == "f":
+        return values.astype(np.float32)
+    return ((values.astype(np.float64) - zero_point) * scale).astype(np.float32)
+
+
+def _prepared(interp: Interpreter, inputs: np.ndarray) -> np.ndarray:
+    detail = interp.get_input_details()[0]
+    if len(interp.get_input_details()) != 1:
+        raise ValueError("run_tflite takes single-input models")
+    samples = _to_file_layout(inputs, tuple(detail["shape"]))
+    return _quantizer(detail)(samples)
+
+
+def run_tflite(path: str | Path, inputs: np.ndarray, threads: int = 1) -> np.ndarray:
+    """The model's (first) output for every sample, dequantized to float32: (N, ...)."""
+    interp = _interpreter(path, threads)
+    feed = _prepared(interp, inputs)
+    in_index = interp.get_input_details()[0]["index"]
+    out = interp.get_output_details()[0]
+    results = []
+    for i in range(feed.shape[0]):
+        interp.set_tensor(in_index, feed[i : i + 1])
+        interp.invoke()
+        results.append(interp.get_tensor(out["index"])[0])
+    return _dequantize(np.stack(results), out)
+
+
+def _op_outputs(path: str | Path) -> list[tuple[str, list[int], list[str]]]:
+    """(op type, output tensor indices, output names) of each op of the main subgraph, in order."""
+    model = schema.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
+    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    graph = model.subgraphs[0]
+    ops = []
+    for op in graph.operators or []:
+        code = model.operatorCodes[op.opcodeIndex]
+        op_name = names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
+        outs = [int(i) for i in ([] if op.outputs is None else op.outputs) if i >= 0]
+        ops.append((op_name, outs, [_decode(graph.tensors[i].name) for i in outs]))
+    return ops
+
+
+def _decode(name: object) -> str:
+    return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+
+
+def _activations(path: str | Path) -> dict[int, str]:
+    """{tensor index: producing op type} for every tensor an op writes (no constants)."""
+    return {index: op for op, outs, _ in _op_outputs(path) for index in outs}
+
+
+def tensor_values(path: str | Path, inputs: np.ndarray) -> dict[str, np.ndarray]:
+    """Every activation of the file (each op's outputs, not the constants), dequantized to
+    float32, stacked over the samples: {TFLite tensor name: (N, *shape)}.
+
+    Runs the builtin kernels without XNNPACK, keeping all tensors: slower than ``run_tflite``
+    and memory-hungry (every tensor of every sample), so pass a few dozen samples. Names are
+    the file's own; the same saved_model gives the same names in its int8, 16x8 and float32
+    files, so compare files by name. ``onnx_names`` maps them back to ONNX tensor names.
+    """
+    interp = _interpreter(path, all_tensors=True)
+    feed = _prepared(interp, inputs)
+    in_index = interp.get_input_details()[0]["index"]
+    produced = _activations(path)
+    details = [d for d in interp.get_tensor_details() if d["index"] in produced]
+    values: dict[str, list[np.ndarray]] = {d["name"]: [] for d in details}
+    for i in range(feed.shape[0]):
+        interp.set_tensor(in_index, feed[i : i + 1])
+        interp.invoke()
+        for d in details:
+            values[d["name"]].append(_dequantize(interp.get_tensor(d["index"]), d))
+    return {name: np.stack(v) for name, v in values.items()}
+
+
+def onnx_names(
+    tflite_names: list[str] | Mapping[str, object], tensor_map: str | Path | Mapping[str, str]
+) -> dict[str, str]:
+    """Best-effort {TFLite tensor name: ONNX tensor name}, from the ``tensor_map.json`` that
+    ``convert_tflite`` parsed out of onnx2tf's log.
+
+    How reliable: exact for a tensor that one ONNX node produced and TFLite kept as is (Add,
+    MatMul, Softmax, Gelu, Reshape, ...). When the converter fused several ops into one (MatMul +
+    Add -> FULLY_CONNECTED, Conv + bias), the TFLite name lists every fused TF op and we return
+    the ONNX tensor of the LAST of them in graph order, which is the one the fused op outputs.
+    Tensors onnx2tf or the converter inserted (layout TRANSPOSEs, renamed duplicates ending in a
+    digit, QUANTIZE) and multi-output nodes (Split) get no ONNX name: they are left out.
+    """
+    mapping = dict(
+        json.loads(Path(tensor_map).read_text())
+        if isinstance(tensor_map, (str, Path))
+        else tensor_map
+    )
+    order = {tf_name: i for i, tf_name in enumerate(mapping)}
+    result: dict[str, str] = {}
+    for name in tflite_names:
+        parts = [_KERAS_PREFIX.sub("", part) for part in name.split(";")]
+        known = [part for part in parts if part in mapping]
+        if known:
+            result[name] = mapping[max(known, key=order.__getitem__)]
+    return result
+
+
+def sqnr_db(reference: np.ndarray, approx: np.ndarray) -> float:
+    """Signal-to-quantization-noise ratio in dB (inf when identical)."""
+    reference = reference.astype(np.float64)
+    noise = float(np.sum((reference - approx.astype(np.float64)) ** 2))
+    signal = float(np.sum(reference**2))
+    if noise == 0:
+        return float("inf")
+    return 10 * float(np.log10(max(signal, 1e-30) / noise))
+
+
+def tensor_sqnr_tflite(
+    quantized: str | Path, reference: str | Path, inputs: np.ndarray, *, samples: int = SQNR_SAMPLES
+) -> list[tuple[str, str, float]]:
+    """(tensor name, op type, SQNR dB) of every activation of ``quantized`` against the same
+    tensor of ``reference``, the fp32 TFLite file of the same conversion
+    (``TfliteArtifacts.float32``: same saved_model, so same tensor names), worst first."""
+    if Path(reference).suffix != ".tflite":
+        raise ValueError("the SQNR reference must be the fp32 TFLite file of the same conversion")
+    subset = np.asarray(inputs)[:samples]
+    pairs = aligned_tensors(quantized, reference)
+    q_values, f_values = tensor_values(quantized, subset), tensor_values(reference, subset)
+    rows = []
+    for name, (op, ref_name) in pairs.items():
+        value, ref = q_values.get(name), f_values.get(ref_name)
+        if value is not None and ref is not None and ref.shape == value.shape:
+            rows.append((name, op, sqnr_db(ref, value)))
+    return sorted(rows, key=lambda row: row[2])
+
+
+def aligned_tensors(quantized: str | Path, reference: str | Path) -> dict[str, tuple[str, str]]:
+    """{quantized tensor: (op type, the same tensor's name in ``reference``)}.
+
+    Names alone do not pair the two files: the converter names a fused tensor after its TF ops
+    and its constants (``MatMul;Add;Const_33`` vs ``MatMul;Add;Const_9``) and a SPLIT's outputs
+    differently. Both files come from one saved_model, so their ops run in the same order: walk
+    both, skip the QUANTIZE/DEQUANTIZE ops quantization inserted, pair ops of the same type and
+    their outputs by position (a type mismatch skips ahead a few ops, then gives up on that op).
+    """
+    ref_ops = _op_outputs(reference)
+    pairs: dict[str, tuple[str, str]] = {}
+    j = 0
+    for op, _, outs in _op_outputs(quantized):
+        match = next((k for k in range(j, min(j + 4, len(ref_ops))) if ref_ops[k][0] == op), None)
+        if match is None:
+            continue  # an op quantization added (QUANTIZE/DEQUANTIZE) or changed
+        for name, ref_name in zip(outs, ref_ops[match][2], strict=False):
+            pairs[name] = (op, ref_name)
+        j = match + 1
+    return pairs
+
+
+def latency_tflite(
+    path: str | Path, sample: np.ndarray, threads: int, warmup: int = 10, runs: int = 100
+) -> Timing:
+    """Batch-1 latency with XNNPACK: ``warmup`` untimed runs, then ``runs`` timed ones (set
+    input, invoke, read output); p50/p90/p99 in ms."""
+    interp = _interpreter(path, threads)
+    feed = _prepared(interp, np.asarray(sample)[:1])
+    in_index = interp.get_input_details()[0]["index"]
+    out_index = interp.get_output_details()[0]["index"]
+
+    def call() -> None:
+        interp.set_tensor(in_index, feed)
+        interp.invoke()
+        interp.get_tensor(out_index)
+
+    for _ in range(warmup):
+        call()
+    times = np.empty(runs)
+    for i in range(runs):
+        start = time.perf_counter()
+        call()
+        times[i] = time.perf_counter() - start
+    p50, p90, p99 = np.percentile(times * 1e3, [50, 90, 99])
+    return Timing(threads, runs, float(p50), float(p90), float(p99))
+
+
+__all__ = [
+    "aligned_tensors",
+    "latency_tflite",
+    "onnx_names",
+    "run_tflite",
+    "sqnr_db",
+    "tensor_sqnr_tflite",
+    "tensor_values",
+]

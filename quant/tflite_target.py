@@ -1,0 +1,153 @@
+"""A full-integer TFLite target (imx93, imx8mp): onnx2tf, LiteRT measurements, Vela.
+
+One conversion yields the pure int8 file and the 16x8 one (int8 weights, int16 activations).
+The int8 file ships unless its drift misses the bars and the target runs 16x8 (Ethos-U does;
+the i.MX 8M Plus VX delegate does not): TFLite's 16-bit mode is all activations or none, so the
+fallback is one step, costed in Vela cycles and in the ops Vela then leaves to the CPU.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import report as schema
+from .data import Samples
+from .drift import Drift, measure_drift
+from .latency import thread_counts
+from .litert import latency_tflite, run_tflite, tensor_sqnr_tflite
+from .onnx_target import Bars
+from .records import artifact_record, drift_record, latency_record
+from .rules import unsupported_ops
+from .targets import TargetProfile
+from .tflite import check_full_integer, convert_tflite, inspect_tflite
+from .vela import VelaResult, compile_vela
+
+WORST_LAYERS = 5
+
+
+def build_tflite_target(
+    profile: TargetProfile,
+    fp32_path: Path,
+    target_dir: Path,
+    out_dir: Path,
+    calibration: Samples,
+    evaluation: Samples,
+    reference: np.ndarray,
+    bars: Bars,
+    stage: Callable[[str, float], None],
+    *,
+    latency_runs: int,
+) -> dict[str, Any]:
+    """The TargetReport fields of a TFLite target; its files go to ``target_dir``."""
+    stage("onnx2tf + TFLite converter", 0.05)
+    work = target_dir / "work"
+    converted = convert_tflite(fp32_path, calibration.inputs, work)
+    int8 = _keep(converted.int8, target_dir / "model_int8.tflite")
+    check_full_integer(inspect_tflite(int8), io_dtype="int8")
+    stage("drift (LiteRT)", 0.45)
+    pure = _drift(int8, reference, evaluation)
+    shipped, drift, excluded, vela_pure = int8, pure, [], None
+    over_bar = not pure.within(bars.max_drop_pts, bars.min_agreement)
+    if over_bar and profile.fallback == "int16_model" and converted.int16x8 is not None:
+        wide_file = _keep(converted.int16x8, target_dir / "model_16x8.tflite")
+        check_full_integer(inspect_tflite(wide_file), io_dtype=None)
+        wide = _drift(wide_file, reference, evaluation)
+        if wide.agreement > pure.agreement:
+            if "vela" in profile.artifacts:  # the pure file's figures, to cost the fallback
+                stage("Vela (pure int8, for the cost)", 0.55)
+                vela_pure = compile_vela(int8, work / "vela_int8")
+            excluded.append(_exclusion(wide))
+            shipped, drift = wide_file, wide
+            int8.unlink()
+        else:
+            wide_file.unlink()
+    name = shipped.relative_to(out_dir).as_posix()
+    stage("per-tensor SQNR", 0.6)
+    worst = [
+        schema.LayerError(name=tensor, op=op, sqnr_db=db, own_sqnr_db=None)
+        for tensor, op, db in tensor_sqnr_tflite(shipped, converted.float32, evaluation.inputs)
+    ][:WORST_LAYERS]
+    description = (
+        "16x8 TFLite: int8 weights, int16 activations (drift fallback)"
+        if shipped != int8
+        else "full-int8 TFLite: int8 weights and activations, int8 input and output"
+    )
+    fields: dict[str, Any] = {
+        "artifacts": [artifact_record(shipped, out_dir, "tflite", description)],
+        "fallback_ops": unsupported_ops(inspect_tflite(shipped).ops, profile),
+    }
+    if "vela" in profile.artifacts:
+        stage("Vela", 0.7)
+        vela = compile_vela(shipped, target_dir / "vela")
+        fields["artifacts"].append(
+            artifact_record(vela.path, out_dir, "vela_tflite", "compiled by Vela for the NPU")
+        )
+        fields["vela"] = _vela_record(vela)
+        fields["fallback_ops"] = sorted(set(vela.cpu_ops))
+        if vela_pure is not None:
+            fields["vela_pure_int8"] = _vela_record(vela_pure)
+            excluded[0] = excluded[0].model_copy(update={"est_cost": _vela_cost(vela, vela_pure)})
+    shutil.rmtree(work, ignore_errors=True)
+    stage("latency (LiteRT)", 0.85)
+    sample = evaluation.inputs[:1]
+    return {
+        **fields,
+        "drift": drift_record(drift, name, worst, bars.max_drop_pts, bars.min_agreement),
+        "pure_int8_drift": (
+            drift_record(pure, name, [], bars.max_drop_pts, bars.min_agreement)
+            if shipped != int8
+            else None
+        ),
+        "latency": [
+            latency_record(latency_tflite(shipped, sample, t, runs=latency_runs), "litert", name)
+            for t in thread_counts()
+        ],
+        "excluded": excluded,
+    }
+
+
+def _drift(path: Path, reference: np.ndarray, evaluation: Samples) -> Drift:
+    return measure_drift(reference, run_tflite(path, evaluation.inputs), evaluation.labels)
+
+
+def _keep(produced: Path, destination: Path) -> Path:
+    shutil.move(str(produced), destination)
+    return destination
+
+
+def _exclusion(wide: Drift) -> schema.Exclusion:
+    return schema.Exclusion(
+        step=1,
+        action="16-bit activations for the whole model (16x8: int8 weights, int16 activations)",
+        tensors=["all activations"],
+        top1_drop_pts=wide.top1_drop_pts,
+        agreement=wide.agreement,
+    )
+
+
+def _vela_record(vela: VelaResult) -> schema.Vela:
+    return schema.Vela(
+        accelerator=vela.accelerator,
+        system_config=vela.system_config,
+        memory_mode=vela.memory_mode,
+        npu_ops=vela.npu_ops,
+        cpu_ops=list(vela.cpu_ops),
+        sram_kib=vela.sram_kib,
+        dram_kib=vela.dram_kib,
+        cycles=vela.cycles,
+        est_ms=vela.est_ms,
+    )
+
+
+def _vela_cost(wide: VelaResult, pure: VelaResult) -> str:
+    moved = len(wide.cpu_ops) - len(pure.cpu_ops)
+    return (
+        f"Vela: {wide.cycles:,} NPU cycles ({wide.est_ms:.3f} ms) vs {pure.cycles:,} "
+        f"({pure.est_ms:.3f} ms) for pure int8, and {moved} more ops on the CPU "
+        "(Ethos-U takes int16 BATCH_MATMUL/GELU inputs only from int8)"
+    )

@@ -1,0 +1,133 @@
+"""README's main job, as a user runs it: ``edge-un convert`` on the bundled UN ViT, all targets.
+
+One real conversion (fold, ORT quantization, onnx2tf, LiteRT, Vela) shared by the tests below,
+which read what it wrote: the report against its schema, every artifact against its sha256,
+each target's rules, the drift bars, and the int8 ONNX file re-run by hand on the test split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edge_un
+from edge_un import data as edge_data
+from edge_un import examples
+from quant.drift import measure_drift, onnx_runner
+from quant.report import SCHEMA_FILE, Report, json_schema_text
+from quant.targets import TARGET_NAMES
+from quant.tflite import check_full_integer, inspect_tflite
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("convert") / "vit"
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "convert", "-o", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    return out, result
+
+
+@pytest.fixture(scope="module")
+def report(converted: tuple[Path, subprocess.CompletedProcess]) -> Report:
+    out, result = converted
+    assert result.returncode == 0, result.stderr[-2000:]
+    return Report.read(out / "report.json")
+
+
+def test_the_committed_json_schema_is_the_models_schema() -> None:
+    assert SCHEMA_FILE.read_text() == json_schema_text(), "regenerate: quant.report.write_schema()"
+
+
+def test_convert_prints_the_drift_and_latency_tables(converted, report: Report) -> None:
+    _, result = converted
+    assert "Traceback" not in result.stderr
+    for name in TARGET_NAMES:
+        assert any(line.startswith(name) for line in result.stdout.splitlines()), result.stdout
+    assert "agreement" in result.stdout and "p50 ms" in result.stdout
+    assert report.model.name == "vit-mnist-un" and report.reference.samples == 1000
+
+
+def test_every_artifact_is_listed_with_its_true_size_and_sha256(converted, report: Report) -> None:
+    out, _ = converted
+    for target in report.targets.values():
+        assert target.status != "failed", (target.name, target.error)
+        assert target.artifacts
+        for item in target.artifacts:
+            data = (out / item.name).read_bytes()
+            assert len(data) == item.bytes
+            assert hashlib.sha256(data).hexdigest() == item.sha256
+
+
+def test_every_target_meets_the_drift_bar_or_says_by_how_much(report: Report) -> None:
+    for target in report.targets.values():
+        drift = target.drift
+        assert drift is not None and drift.samples == 1000
+        assert drift.within_bar == (
+            drift.top1_drop_pts <= report.max_drift_pts and drift.agreement >= report.min_agreement
+        )
+        assert (target.status == "ok") == drift.within_bar
+        assert len(drift.worst_layers) == 5
+        widened = target.int16_tensors or any(s.tensors for s in target.excluded)
+        if target.pure_int8_drift is not None:  # the fallback changed something, and said what
+            assert widened and target.excluded
+    cpu = report.targets["cpu"]
+    assert cpu.status == "ok"  # 16-bit tensors are allowed there: the bar is always reachable
+
+
+def test_imx_files_are_fully_integer_and_vela_places_every_int8_op_on_the_npu(
+    converted, report: Report
+) -> None:
+    out, _ = converted
+    for name in ("imx93", "imx8mp"):
+        target = report.targets[name]
+        tflite = next(a for a in target.artifacts if a.format == "tflite")
+        info = inspect_tflite(out / tflite.name)
+        check_full_integer(info, io_dtype="int8" if "16x8" not in tflite.name else None)
+        assert not info.float_tensors and not info.float_ops
+    imx93 = report.targets["imx93"]
+    vela = imx93.vela
+    assert vela is not None and vela.cycles > 0 and vela.est_ms > 0 and vela.sram_kib > 0
+    assert vela.system_config == "Ethos_U65_High_End" and vela.memory_mode
+    if imx93.vela_pure_int8 is None:  # the pure int8 file shipped: all of it on the U65
+        assert vela.cpu_ops == [] and vela.npu_ops > 50
+    else:  # 16x8 shipped: the pure int8 file was all-NPU, and the cost of 16 bits is stated
+        assert imx93.vela_pure_int8.cpu_ops == []
+        assert imx93.excluded[0].est_cost and "more ops on the CPU" in imx93.excluded[0].est_cost
+        assert {op.split()[0] for op in vela.cpu_ops} <= {"BATCH_MATMUL", "GELU"}
+        assert imx93.fallback_ops == sorted(set(vela.cpu_ops))
+
+
+def test_the_downloaded_int8_onnx_gives_the_accuracy_the_report_states(
+    converted, report: Report
+) -> None:
+    out, _ = converted
+    target = report.targets["cpu"]
+    int8 = next(a for a in target.artifacts if a.name.startswith("cpu/"))
+    _, info = edge_un.load_checkpoint(examples.path("vit-mnist-un"))
+    inputs, labels = edge_data.checkpoint_split(info, "test")
+    logits = onnx_runner(out / int8.name)(inputs.numpy())
+    accuracy = float((logits.argmax(-1) == labels.numpy()).mean())
+    assert accuracy == pytest.approx(target.drift.top1_int8, abs=1e-9)
+    fp32 = next(a for a in target.artifacts if a.name.startswith("fp32/"))
+    reference = onnx_runner(out / fp32.name)(inputs.numpy())
+    again = measure_drift(reference, logits, labels.numpy())
+    assert again.agreement == pytest.approx(target.drift.agreement, abs=1e-9)
+
+
+def test_report_md_and_json_agree(converted, report: Report) -> None:
+    out, _ = converted
+    text = (out / "report.md").read_text()
+    raw = json.loads((out / "report.json").read_text())
+    assert raw["schema_version"] == "1.0"
+    for target in report.targets.values():
+        assert f"## {target.name}:" in text
+        assert f"{100 * target.drift.agreement:.1f} %" in text
+    assert np.isfinite([t.latency[0].p50_ms for t in report.targets.values()]).all()

@@ -1,0 +1,212 @@
+"""The TFLite layer for real: onnx2tf in its tool environment, LiteRT, Vela. No mocks.
+
+Two tiny conversions (~15 s each) are shared by every test through module-scoped fixtures: an
+RGB ViT (the input kind that makes onnx2tf reach for the network) and a TextTransformer (int64
+token ids, the input onnx2tf cannot quantize itself).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from converters import export_onnx, fold_norms
+from edge_un.models import TextTransformer, VisionTransformer
+from quant import toolenv
+from quant.litert import latency_tflite, onnx_names, run_tflite, tensor_sqnr_tflite, tensor_values
+from quant.tflite import (
+    NotFullIntegerError,
+    TfliteArtifacts,
+    TfliteConversionError,
+    check_full_integer,
+    convert_tflite,
+    inspect_tflite,
+)
+from quant.vela import compile_vela
+
+
+def _export(model: torch.nn.Module, example: torch.Tensor, path: Path) -> Path:
+    """Fold and export like the TFLite route needs: opset 20 (one Gelu node), static batch 1."""
+    folded, _ = fold_norms(model.eval())
+    export_onnx(folded, (example,), path, opset=20, dynamic_batch=False)
+    return path
+
+
+def _onnx_outputs(path: Path, inputs: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return np.concatenate(
+        [session.run(None, {name: inputs[i : i + 1]})[0] for i in range(len(inputs))]
+    )
+
+
+@pytest.fixture(scope="module")
+def rgb(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, TfliteArtifacts]:
+    """An RGB ViT converted inside a network namespace with no network at all."""
+    root = tmp_path_factory.mktemp("rgb")
+    torch.manual_seed(0)
+    model = VisionTransformer(
+        img_size=32, in_chans=3, patch_size=8, dim=32, depth=1, heads=2, num_classes=10, norm="un"
+    )
+    onnx_path = _export(model, torch.randn(1, 3, 32, 32), root / "model.onnx")
+    calib = np.random.default_rng(0).standard_normal((32, 3, 32, 32)).astype(np.float32)
+    return onnx_path, calib, convert_tflite(onnx_path, calib, root / "tflite", isolate_network=True)
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, TfliteArtifacts]:
+    root = tmp_path_factory.mktemp("text")
+    torch.manual_seed(0)
+    model = TextTransformer(vocab_size=50, max_len=8, dim=16, depth=1, heads=2)
+    onnx_path = _export(model, torch.randint(1, 50, (1, 8)), root / "model.onnx")
+    ids = np.random.default_rng(0).integers(1, 50, (48, 8))
+    ids[::3, 5:] = 0  # padding, so the mask path is calibrated too
+    return onnx_path, ids, convert_tflite(onnx_path, ids, root / "tflite")
+
+
+def test_rgb_model_converts_without_network_to_full_int8(rgb) -> None:
+    onnx_path, calib, artifacts = rgb
+    assert artifacts.network_isolated  # onnx2tf ran in a namespace with no network interface
+    info = inspect_tflite(artifacts.int8)
+    check_full_integer(info, io_dtype="int8")
+    assert info.input_dtypes == ("int8",) and info.output_dtypes == ("int8",)
+    assert info.inputs[0].shape == (1, 32, 32, 3)  # onnx2tf made it channels-last
+    assert {"FULLY_CONNECTED", "BATCH_MATMUL", "SOFTMAX", "GELU"} <= set(info.ops)
+    assert artifacts.int16x8 is not None
+    wide = inspect_tflite(artifacts.int16x8)
+    check_full_integer(wide, io_dtype="int16")
+    assert wide.int16_tensors and not wide.float_ops
+    # only our two files and the fp32 reference are kept, under our names
+    assert sorted(p.name for p in artifacts.int8.parent.glob("*.tflite")) == [
+        "model_16x8.tflite",
+        "model_float32.tflite",
+        "model_int8.tflite",
+    ]
+    # the int8 file computes what the fp32 ONNX model computes (random weights and inputs give
+    # tiny logits, so the int8 output step is coarse: measured 0.93, a loose bound)
+    reference = _onnx_outputs(onnx_path, calib[:16])
+    int8 = run_tflite(artifacts.int8, calib[:16])
+    cosine = np.sum(int8 * reference) / (np.linalg.norm(int8) * np.linalg.norm(reference))
+    assert cosine > 0.8
+
+
+def test_inspect_finds_float_ops_so_the_check_can_fail(rgb) -> None:
+    _, _, artifacts = rgb
+    info = inspect_tflite(artifacts.float32)
+    assert info.float_ops and info.float_tensors
+    assert {op.op for op in info.float_ops} >= {"FULLY_CONNECTED", "SOFTMAX"}
+    with pytest.raises(NotFullIntegerError, match=r"float ops \(.*FULLY_CONNECTED.*output"):
+        check_full_integer(info)
+    with pytest.raises(NotFullIntegerError, match=r"output '.+' is int16"):
+        check_full_integer(inspect_tflite(artifacts.int16x8), io_dtype="int8")
+
+
+def test_vela_places_every_op_of_the_int8_file_on_the_npu(rgb, tmp_path: Path) -> None:
+    _, _, artifacts = rgb
+    result = compile_vela(artifacts.int8, tmp_path / "vela")
+    assert result.path.is_file() and result.path.name == "model_int8_vela.tflite"
+    assert (result.accelerator, result.system_config, result.memory_mode) == (
+        "ethos-u65-256",
+        "Ethos_U65_High_End",
+        "Dedicated_Sram_384KB",
+    )
+    assert result.all_on_npu and result.cpu_ops == () and result.npu_ops > 0
+    assert result.cycles >= result.npu_cycles > 0
+    assert result.est_ms == pytest.approx(result.cycles / 1e6, rel=1e-3)  # 1 GHz clock
+    assert result.sram_kib > 0 and result.dram_kib > 0 and result.macs > 0
+    # the compiled file is one Ethos-U custom op (plus nothing on the CPU)
+    assert set(inspect_tflite(result.path).ops) == {"CUSTOM:ethos-u"}
+
+
+def test_vela_names_what_falls_back_to_the_cpu(rgb, tmp_path: Path) -> None:
+    """16-bit activations: Vela 5.2 runs neither int16 BATCH_MATMUL nor int16 GELU."""
+    _, _, artifacts = rgb
+    result = compile_vela(artifacts.int16x8, tmp_path / "vela16")
+    assert not result.all_on_npu
+    assert set(result.cpu_op_types) == {"BATCH_MATMUL", "GELU"}
+    assert any(op.startswith("GELU ") for op in result.cpu_ops)
+    assert any("Int16" in reason for reason in result.cpu_reasons)
+
+
+def test_litert_tensors_sqnr_and_latency(rgb) -> None:
+    onnx_path, calib, artifacts = rgb
+    values = tensor_values(artifacts.int8, calib[:4])
+    assert values and all(v.shape[0] == 4 and v.dtype == np.float32 for v in values.values())
+    rows = tensor_sqnr_tflite(artifacts.int8, artifacts.float32, calib[:8])
+    assert len(rows) == len(values)  # every activation paired with its fp32 twin
+    assert [r[2] for r in rows] == sorted(r[2] for r in rows)
+    # ONNX names: the mapped tensors exist in the ONNX graph (best effort, most of them)
+    names = onnx_names(list(values), artifacts.tensor_map)
+    graph_tensors = {o for node in onnx.load(str(onnx_path)).graph.node for o in node.output}
+    assert len(names) >= len(values) // 2 and set(names.values()) <= graph_tensors
+    timing = latency_tflite(artifacts.int8, calib[:1], threads=1, warmup=2, runs=10)
+    assert timing.runs == 10 and 0 < timing.p50_ms <= timing.p90_ms <= timing.p99_ms
+
+
+def test_int64_token_ids_take_the_saved_model_route(text) -> None:
+    onnx_path, ids, artifacts = text
+    info = inspect_tflite(artifacts.int8)
+    assert info.input_dtypes == ("int64",) and info.output_dtypes == ("int8",)
+    assert info.inputs[0].scale is None  # an index, not a quantized value
+    assert "GATHER" in info.ops
+    # What stays float is the padding mask and the mean pool's division (TFLite has no int8 DIV):
+    # the check says so, and does not object to the int64 input.
+    with pytest.raises(NotFullIntegerError) as failure:
+        check_full_integer(info)
+    assert "input" not in str(failure.value)
+    assert {op.op for op in info.float_ops} <= {"CAST", "DIV", "QUANTIZE", "DEQUANTIZE"}
+    # TensorFlow has no 16x8 path with an int64 GATHER index: said, not fatal
+    assert artifacts.int16x8 is None and "int16x8 conversion failed" in artifacts.notes[0]
+    reference = _onnx_outputs(onnx_path, ids)
+    assert np.mean(run_tflite(artifacts.int8, ids).argmax(1) == reference.argmax(1)) >= 0.9
+
+
+def test_missing_tool_env_is_one_clear_line(
+    rgb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    onnx_path, calib, _ = rgb
+    monkeypatch.setenv(toolenv.ENV_VAR, str(tmp_path / "nowhere"))
+    with pytest.raises(toolenv.ToolEnvMissingError) as missing:
+        convert_tflite(onnx_path, calib, tmp_path / "out")
+    assert str(missing.value) == (
+        f"the TFLite converter environment is missing at {tmp_path / 'nowhere'}: "
+        "run `python -m quant.toolenv` (or bash .ci/install)"
+    )
+
+
+def test_failures_are_one_line_and_keep_the_log(rgb, tmp_path: Path) -> None:
+    onnx_path, calib, _ = rgb
+    with pytest.raises(TfliteConversionError, match="input 'images' takes"):
+        convert_tflite(onnx_path, calib[:, :1], tmp_path / "shape")
+    with pytest.raises(TfliteConversionError, match=r"onnx2tf timed out after \d+ s") as slow:
+        convert_tflite(onnx_path, calib, tmp_path / "slow", timeout_s=2)
+    assert "\n" not in str(slow.value)
+    assert (tmp_path / "slow" / "onnx2tf.log").read_text().startswith("$ ")
+
+
+def test_tool_env_built_from_other_pins_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").touch()
+    (env / toolenv.MARKER).write_text('{"pins_hash": "an-older-set"}')
+    monkeypatch.setenv(toolenv.ENV_VAR, str(env))
+    assert not toolenv.is_ready()
+    with pytest.raises(toolenv.ToolEnvMissingError, match="built from other pins"):
+        toolenv.require()
+
+
+def test_tool_env_never_deletes_a_directory_that_is_not_a_venv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "precious.txt").write_text("not a venv")
+    monkeypatch.setenv(toolenv.ENV_VAR, str(tmp_path))
+    with pytest.raises(toolenv.ToolEnvError, match="is not a virtual environment"):
+        toolenv.ensure()
+    assert (tmp_path / "precious.txt").is_file()
