@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from ..norms import make_norm
@@ -15,9 +16,17 @@ from ..norms import make_norm
 # Added to the attention score of a padded key. Bounded on purpose: exp(-30) ~ 1e-13 removes the
 # key in fp32 as completely as float32-min did, but an int8 quantizer calibrating the scores sees
 # a range of tens, not 3.4e38 (which gave the scores an int8 scale of 1.3e36 and uniform
-# attention). Additive, not masked_fill: no bool Where/Select op for an NPU to fall back on.
-# A row whose keys are all padded stays finite (uniform weights), as before.
+# attention). A row whose keys are all padded stays finite (uniform weights).
 MASK_PENALTY = 30.0
+
+
+def padding_bias(pad_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, N) bool, True at padding -> additive bias, 0 at tokens and -MASK_PENALTY at padding.
+
+    Computed once per forward with a select of two constants (one Where node), not a cast of the
+    mask (a bool->float Cast stays float in a full-int8 TFLite file)."""
+    zero = torch.zeros((), dtype=dtype, device=pad_mask.device)
+    return torch.where(pad_mask, zero - MASK_PENALTY, zero)
 
 
 def init_weights(module: nn.Module) -> None:
@@ -41,11 +50,13 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
         self.proj = nn.Linear(dim, dim, bias=bias)
 
-    def forward(self, x: Tensor, key_pad_mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, key_bias: Tensor | None = None) -> Tensor:
+        """``key_bias`` (B, N) is added to every query's score for each key: 0 for a real token,
+        ``-MASK_PENALTY`` for padding (see :func:`padding_bias`)."""
         q, k, v = (self._split_heads(t) for t in self.qkv(x).chunk(3, dim=-1))
         scores = (q * self.scale) @ k.transpose(-2, -1)
-        if key_pad_mask is not None:
-            scores = scores - MASK_PENALTY * key_pad_mask[:, None, None, :].to(scores.dtype)
+        if key_bias is not None:
+            scores = scores + key_bias[:, None, None, :]
         out = scores.softmax(dim=-1) @ v
         return self.proj(out.transpose(1, 2).flatten(2))
 
@@ -84,9 +95,12 @@ class Block(nn.Module):
         self.norm2 = make_norm(norm, dim, **norm_kwargs)
         self.mlp = Mlp(dim, round(dim * mlp_ratio), bias=bias)
 
-    def forward(self, x: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, pad_mask: Tensor | None = None, key_bias: Tensor | None = None
+    ) -> Tensor:
+        """``pad_mask`` keeps padding out of norm statistics, ``key_bias`` out of attention."""
         if self.norm_first:
-            x = x + self.attn(self.norm1(x, pad_mask), pad_mask)
+            x = x + self.attn(self.norm1(x, pad_mask), key_bias)
             return x + self.mlp(self.norm2(x, pad_mask))
-        x = self.norm1(x + self.attn(x, pad_mask), pad_mask)
+        x = self.norm1(x + self.attn(x, key_bias), pad_mask)
         return self.norm2(x + self.mlp(x), pad_mask)

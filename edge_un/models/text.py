@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from ..norms import make_norm
-from .blocks import Block, init_weights
+from .blocks import Block, init_weights, padding_bias
 
 
 class TextTransformer(nn.Module):
@@ -56,12 +56,16 @@ class TextTransformer(nn.Module):
         self.apply(init_weights)
 
     def forward(self, token_ids: Tensor) -> Tensor:
-        pad_mask = token_ids == self.pad_id
+        pad_mask = token_ids == self.pad_id  # the norms' statistics skip padding (training)
+        key_bias = padding_bias(pad_mask, self.pos_embed.dtype)
         x = self.token_embed(token_ids) + self.pos_embed[:, : token_ids.shape[1]]
         for block in self.blocks:
-            x = block(x, pad_mask)
+            x = block(x, pad_mask, key_bias)
         if self.norm is not None:
             x = self.norm(x, pad_mask)
-        keep = (~pad_mask).unsqueeze(-1).to(x.dtype)
-        pooled = (x * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
+        # Mean over the non-pad tokens written as a softmax of the padding bias: uniform weights
+        # on the tokens (exp(-30) on padding), so no division by a token count, which has no
+        # integer kernel on the NPUs. A sequence of padding only averages all its positions.
+        weights = key_bias.softmax(dim=-1)
+        pooled = (weights.unsqueeze(1) @ x).squeeze(1)
         return self.head(pooled)
