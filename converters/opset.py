@@ -87,3 +87,34 @@ def _reduce_axes_as_attribute(node: ir.Node) -> None:
         raise OpsetError(f"cannot write opset 17: {node.op_type} {node.name} is a no-op reduce")
     node.attributes["axes"] = ir.AttrInt64s("axes", values)
     node.resize_inputs(1)
+
+
+def convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """The graph declared and written at ``opset``: onnx's version converter (up, or down to 18),
+    then :func:`downgrade_to_opset17` for 17. Raises OpsetError when it cannot be done."""
+    current = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    if current == opset:
+        return model
+    step = 18 if opset == 17 else opset
+    if current != step:
+        try:
+            model = onnx.version_converter.convert_version(model, step)
+        except Exception as error:  # the converter raises bare RuntimeErrors with C++ text
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise OpsetError(f"cannot convert opset {current} to {step}: {first}") from None
+    return downgrade_to_opset17(model) if opset == 17 else model
+
+
+def with_static_batch(model: onnx.ModelProto, batch: int = 1) -> onnx.ModelProto:
+    """Every graph input's first (batch) dimension fixed to ``batch``, shapes re-inferred: what
+    NPU compilers need from a model exported with a dynamic batch."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model)
+    initializers = {init.name for init in proto.graph.initializer}
+    for value in [*proto.graph.input, *proto.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if value.name not in initializers and dims:
+            dims[0].Clear()
+            dims[0].dim_value = batch
+    del proto.graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(proto, data_prop=True)

@@ -35,6 +35,7 @@ import onnx
 from ai_edge_litert import schema_py_generated as schema
 
 from . import toolenv
+from .errors import RuleViolation
 from .litert import run_tflite
 
 INT8_NAME = "model_int8.tflite"
@@ -415,7 +416,7 @@ _OP_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.star
 _TYPE_NAMES = {v: k.lower() for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
 
 
-class NotFullIntegerError(ValueError):
+class NotFullIntegerError(RuleViolation):
     """A TFLite file still computes in float somewhere, or its I/O has the wrong type."""
 
 

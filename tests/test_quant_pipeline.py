@@ -131,3 +131,31 @@ def test_report_md_and_json_agree(converted, report: Report) -> None:
         assert f"## {target.name}:" in text
         assert f"{100 * target.drift.agreement:.1f} %" in text
     assert np.isfinite([t.latency[0].p50_ms for t in report.targets.values()]).all()
+
+
+def test_an_onnx_model_from_elsewhere_converts_with_user_data(tmp_path: Path) -> None:
+    """An ONNX source (no data set recorded): the user's .npz files calibrate and evaluate; each
+    target gets its own opset and batch; a target that fails does not stop the others."""
+    from converters.pipeline import export_folded, load_and_fold
+    from quant.data import checkpoint_samples
+    from quant.pipeline import convert
+
+    folded = load_and_fold(examples.path("vit-mnist-un"))
+    source = tmp_path / "foreign.onnx"
+    export_folded(folded, source, opset=18, dynamic_batch=True)
+    train = checkpoint_samples(folded.info, "train", 64)
+    test = checkpoint_samples(folded.info, "test").head(200)
+    np.savez(tmp_path / "calib.npz", inputs=train.inputs)
+    np.savez(tmp_path / "eval.npz", inputs=test.inputs, labels=test.labels)
+    with pytest.raises(ValueError, match="records no data set: give calibration data"):
+        convert(source, targets="cpu", out_dir=tmp_path / "nodata")
+    report = convert(
+        source, targets="cpu,tda4vm", calib=tmp_path / "calib.npz", eval=tmp_path / "eval.npz",
+        out_dir=tmp_path / "out", latency_runs=10,
+    )  # fmt: skip
+    assert report.model.source_format == "onnx" and report.reference.samples == 200
+    assert report.reference.calibration_samples == 64
+    for name, opset in (("cpu", 21), ("tda4vm", 17)):
+        target = report.targets[name]
+        assert target.status in ("ok", "over_bar"), target.error
+        assert target.opset == opset and target.drift.samples == 200
