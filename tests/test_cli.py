@@ -52,7 +52,7 @@ def test_export_defaults_to_the_bundled_example(tmp_path: Path) -> None:
     assert "VisionTransformer: 9 offline norms, 9 folded, 0 kept" in result.stdout
     assert "agreement 1.0000 on 1000 samples" in result.stdout
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["source"].endswith("vit-mnist-un.safetensors")
+    assert report["source"].endswith("vit-mnist-ln-to-un.safetensors")
     assert report["fold"]["fully_integer"] is True
     assert (tmp_path / "model.onnx").stat().st_size > 100_000
     assert "Traceback" not in result.stderr

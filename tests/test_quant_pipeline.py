@@ -1,8 +1,10 @@
-"""README's main job, as a user runs it: ``edge-un convert`` on the bundled UN ViT, all targets.
+"""``edge-un convert`` as a user runs it, all targets, on the from-scratch UN ViT.
 
 One real conversion (fold, ORT quantization, onnx2tf, LiteRT, Vela) shared by the tests below,
 which read what it wrote: the report against its schema, every artifact against its sha256,
-each target's rules, the drift bars, and the int8 ONNX file re-run by hand on the test split.
+each target's rules, the drift bars and their fallbacks (this model needs them: its pure int8
+misses the bar), and the int8 ONNX file re-run by hand on the test split. README's main job
+(no MODEL: the migrated UN ViT) is checked on the cpu target.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from quant.tflite import check_full_integer, inspect_tflite
 def converted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("convert") / "vit"
     result = subprocess.run(
-        [sys.executable, "-m", "service.cli", "convert", "-o", str(out)],
+        [sys.executable, "-m", "service.cli", "convert", "vit-mnist-un", "-o", str(out)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     return out, result
@@ -131,6 +133,18 @@ def test_report_md_and_json_agree(converted, report: Report) -> None:
         assert f"## {target.name}:" in text
         assert f"{100 * target.drift.agreement:.1f} %" in text
     assert np.isfinite([t.latency[0].p50_ms for t in report.targets.values()]).all()
+
+
+def test_the_default_model_is_the_migrated_vit_and_pure_int8_meets_the_bar(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "convert", "--target", "cpu", "-o", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = Report.read(tmp_path / "report.json")
+    assert report.model.name == "vit-mnist-ln-to-un"
+    cpu = report.targets["cpu"]
+    assert cpu.status == "ok" and cpu.int16_tensors == [] and cpu.pure_int8_drift is None
 
 
 def test_an_onnx_model_from_elsewhere_converts_with_user_data(tmp_path: Path) -> None:
