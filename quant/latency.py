@@ -28,9 +28,11 @@ class Timing:
     p99_ms: float
 
 
-def time_calls(call: Callable[[], object], threads: int, runs: int = RUNS) -> Timing:
-    """Run ``call`` WARMUP times untimed, then ``runs`` times timed one by one."""
-    for _ in range(WARMUP):
+def time_calls(
+    call: Callable[[], object], threads: int, runs: int = RUNS, warmup: int = WARMUP
+) -> Timing:
+    """Run ``call`` ``warmup`` times untimed, then ``runs`` times timed one by one."""
+    for _ in range(warmup):
         call()
     samples = np.empty(runs)
     for i in range(runs):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-from .latency import Timing
+from .latency import Timing, time_calls
 
 SQNR_SAMPLES = 32
 _KERAS_PREFIX = re.compile(r"^model(_\d+)?/")
@@ -243,15 +242,7 @@ def latency_tflite(
         interp.invoke()
         interp.get_tensor(out_index)
 
-    for _ in range(warmup):
-        call()
-    times = np.empty(runs)
-    for i in range(runs):
-        start = time.perf_counter()
-        call()
-        times[i] = time.perf_counter() - start
-    p50, p90, p99 = np.percentile(times * 1e3, [50, 90, 99])
-    return Timing(threads, runs, float(p50), float(p90), float(p99))
+    return time_calls(call, threads, runs, warmup)
 
 
 __all__ = [

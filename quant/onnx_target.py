@@ -9,29 +9,18 @@ error, which blames the softmax outputs for noise that arises upstream.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from . import report as schema
-from .data import Samples
 from .drift import Drift, measure_drift, onnx_runner, tensor_sqnr
+from .job import TargetJob
 from .latency import onnx_latency, thread_counts
 from .ort_int8 import quantize_onnx
 from .records import artifact_record, drift_record, latency_record
 from .rules import check_onnx_artifact, onnx_op_histogram, unsupported_ops
-from .targets import TargetProfile
 
 FIRST_FALLBACK_STEP = 4
-
-
-@dataclass(frozen=True)
-class Bars:
-    max_drop_pts: float
-    min_agreement: float
 
 
 @dataclass(frozen=True)
@@ -40,31 +29,22 @@ class FallbackStep:
     drift: Drift
 
 
-def build_onnx_target(
-    profile: TargetProfile,
-    fp32_path: Path,
-    target_dir: Path,
-    out_dir: Path,
-    calibration: Samples,
-    evaluation: Samples,
-    reference: np.ndarray,
-    bars: Bars,
-    stage: Callable[[str, float], None],
-    *,
-    latency_runs: int,
-) -> dict[str, Any]:
+def build_onnx_target(job: TargetJob) -> dict[str, Any]:
     """int8 QDQ ONNX for ``profile`` in ``target_dir/model_int8.onnx``; the TargetReport fields
     (artifacts, drift, fallback steps, latency...) with names relative to ``out_dir``."""
+    profile, bars, stage = job.profile, job.bars, job.stage
+    target_dir, out_dir, evaluation = job.target_dir, job.out_dir, job.evaluation
     artifact = target_dir / "model_int8.onnx"
 
     def quantize_and_measure(int16: tuple[str, ...]) -> Drift:
-        quantize_onnx(fp32_path, artifact, profile, calibration, int16_tensors=int16)
-        return measure_drift(reference, onnx_runner(artifact)(evaluation.inputs), evaluation.labels)
+        quantize_onnx(job.fp32_path, artifact, profile, job.calibration, int16_tensors=int16)
+        outputs = onnx_runner(artifact)(evaluation.inputs)
+        return measure_drift(job.reference, outputs, evaluation.labels)
 
     stage("quantize (ONNX Runtime)", 0.1)
     pure = drift = quantize_and_measure(())
     stage("per-tensor SQNR", 0.3)
-    errors = tensor_sqnr(fp32_path, artifact, evaluation)
+    errors = tensor_sqnr(job.fp32_path, artifact, evaluation)
     int16: tuple[str, ...] = ()
     steps: list[FallbackStep] = []
     if not drift.within(bars.max_drop_pts, bars.min_agreement) and profile.fallback != "none":
@@ -79,7 +59,7 @@ def build_onnx_target(
                 break
             count = min(2 * count, len(ranked))
         if int16:  # the shipped file's own error profile, for the report
-            errors = tensor_sqnr(fp32_path, artifact, evaluation)
+            errors = tensor_sqnr(job.fp32_path, artifact, evaluation)
     check_onnx_artifact(artifact, profile)
     stage("latency (ONNX Runtime)", 0.8)
     name = artifact.relative_to(out_dir).as_posix()
@@ -96,7 +76,7 @@ def build_onnx_target(
             drift_record(pure, name, [], bars.max_drop_pts, bars.min_agreement) if int16 else None
         ),
         "latency": [
-            latency_record(onnx_latency(artifact, sample, t, latency_runs), "onnxruntime", name)
+            latency_record(onnx_latency(artifact, sample, t, job.latency_runs), "onnxruntime", name)
             for t in thread_counts()
         ],
         "fallback_ops": unsupported_ops(onnx_op_histogram(artifact), profile),

@@ -34,7 +34,8 @@ from .data import (
 )
 from .drift import onnx_runner
 from .errors import DataFileError, QuantError
-from .onnx_target import Bars, build_onnx_target
+from .job import Bars, TargetJob
+from .onnx_target import build_onnx_target
 from .records import artifact_record
 from .summary import summary_markdown
 from .targets import TargetProfile, parse_targets
@@ -154,10 +155,11 @@ def _build_target(
         if key not in exports:
             exports[key] = _export(folded, out_dir, *key, evaluation)
         export = exports[key]
-        fields = build(
+        job = TargetJob(
             profile, export.path, target_dir, out_dir, calibration, evaluation,
-            export.reference, bars, stage, latency_runs=latency_runs,
+            export.reference, bars, stage, latency_runs,
         )  # fmt: skip
+        fields = build(job)
     except (QuantError, ConversionError, RuntimeError, OSError) as error:
         return schema.TargetReport(**base, status="failed", error=_one_line(error))
     fields["artifacts"].append(

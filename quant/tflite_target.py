@@ -9,7 +9,6 @@ fallback is one step, costed in Vela cycles and in the ops Vela then leaves to t
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,45 +17,34 @@ import numpy as np
 from . import report as schema
 from .data import Samples
 from .drift import Drift, measure_drift
+from .job import TargetJob
 from .latency import thread_counts
 from .litert import latency_tflite, run_tflite, tensor_sqnr_tflite
-from .onnx_target import Bars
 from .records import artifact_record, drift_record, latency_record
 from .rules import unsupported_ops
-from .targets import TargetProfile
 from .tflite import check_full_integer, convert_tflite, inspect_tflite
 from .vela import VelaResult, compile_vela
 
 WORST_LAYERS = 5
 
 
-def build_tflite_target(
-    profile: TargetProfile,
-    fp32_path: Path,
-    target_dir: Path,
-    out_dir: Path,
-    calibration: Samples,
-    evaluation: Samples,
-    reference: np.ndarray,
-    bars: Bars,
-    stage: Callable[[str, float], None],
-    *,
-    latency_runs: int,
-) -> dict[str, Any]:
+def build_tflite_target(job: TargetJob) -> dict[str, Any]:
     """The TargetReport fields of a TFLite target; its files go to ``target_dir``."""
+    profile, bars, stage = job.profile, job.bars, job.stage
+    target_dir, out_dir, evaluation = job.target_dir, job.out_dir, job.evaluation
     stage("onnx2tf + TFLite converter", 0.05)
     work = target_dir / "work"
-    converted = convert_tflite(fp32_path, calibration.inputs, work)
+    converted = convert_tflite(job.fp32_path, job.calibration.inputs, work)
     int8 = _keep(converted.int8, target_dir / "model_int8.tflite")
     check_full_integer(inspect_tflite(int8), io_dtype="int8")
     stage("drift (LiteRT)", 0.45)
-    pure = _drift(int8, reference, evaluation)
+    pure = _drift(int8, job.reference, evaluation)
     shipped, drift, excluded, vela_pure = int8, pure, [], None
     over_bar = not pure.within(bars.max_drop_pts, bars.min_agreement)
     if over_bar and profile.fallback == "int16_model" and converted.int16x8 is not None:
         wide_file = _keep(converted.int16x8, target_dir / "model_16x8.tflite")
         check_full_integer(inspect_tflite(wide_file), io_dtype=None)
-        wide = _drift(wide_file, reference, evaluation)
+        wide = _drift(wide_file, job.reference, evaluation)
         if wide.agreement > pure.agreement:
             if "vela" in profile.artifacts:  # the pure file's figures, to cost the fallback
                 stage("Vela (pure int8, for the cost)", 0.55)
@@ -94,7 +82,7 @@ def build_tflite_target(
             excluded[0] = excluded[0].model_copy(update={"est_cost": _vela_cost(vela, vela_pure)})
     shutil.rmtree(work, ignore_errors=True)
     stage("latency (LiteRT)", 0.85)
-    sample = evaluation.inputs[:1]
+    sample, runs = evaluation.inputs[:1], job.latency_runs
     return {
         **fields,
         "drift": drift_record(drift, name, worst, bars.max_drop_pts, bars.min_agreement),
@@ -104,7 +92,7 @@ def build_tflite_target(
             else None
         ),
         "latency": [
-            latency_record(latency_tflite(shipped, sample, t, runs=latency_runs), "litert", name)
+            latency_record(latency_tflite(shipped, sample, t, runs=runs), "litert", name)
             for t in thread_counts()
         ],
         "excluded": excluded,
