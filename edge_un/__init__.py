@@ -14,6 +14,7 @@ from .checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from .finetune import FinetuneRecipe, make_int8_ready, migrate, recalibrate
 from .norms import (
     MABN,
     NORM_KINDS,
@@ -38,6 +39,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointInfo",
     "ConfigMismatchError",
+    "FinetuneRecipe",
     "LayerNorm",
     "MissingConfigError",
     "NonFiniteTensorError",
@@ -53,7 +55,10 @@ __all__ = [
     "UnsafeCheckpointError",
     "__version__",
     "load_checkpoint",
+    "make_int8_ready",
     "make_norm",
+    "migrate",
+    "recalibrate",
     "regularization_loss",
     "save_checkpoint",
     "swap_layernorm",

@@ -13,6 +13,8 @@ EXPECTED = {
     "vit-mnist-ln": ("VisionTransformer", "ln", "mnist"),
     "text-rt-un": ("TextTransformer", "un", "rt"),
     "text-rt-ln": ("TextTransformer", "ln", "rt"),
+    "vit-mnist-ln-to-un": ("VisionTransformer", "un", "mnist"),
+    "text-rt-ln-to-un": ("TextTransformer", "un", "rt"),
 }
 
 

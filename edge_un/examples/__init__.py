@@ -9,6 +9,12 @@ vit-mnist-ln     same with --norm ln --out edge_un/examples/vit-mnist-ln.safeten
 text-rt-un       edge-un train --model text --preset example --norm un --data rt --seed 0
                  --threads 1 --out edge_un/examples/text-rt-un.safetensors
 text-rt-ln       same with --norm ln --out edge_un/examples/text-rt-ln.safetensors
+vit-mnist-ln-    edge-un migrate edge_un/examples/vit-mnist-ln.safetensors --kind un
+to-un            --epochs 20 --lr 0.001 --seed 0 --threads 1
+                 --out edge_un/examples/vit-mnist-ln-to-un.safetensors
+text-rt-ln-      edge-un migrate edge_un/examples/text-rt-ln.safetensors --kind un
+to-un            --epochs 1 --lr 0.0005 --seed 0 --labels-only --threads 1
+                 --out edge_un/examples/text-rt-ln-to-un.safetensors
 ===============  ==========================================================================
 
 Each checkpoint's metadata holds ``dataset``, ``split``, ``preprocessing`` (use
@@ -21,7 +27,10 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-NAMES: tuple[str, ...] = ("vit-mnist-un", "vit-mnist-ln", "text-rt-un", "text-rt-ln")
+NAMES: tuple[str, ...] = (
+    "vit-mnist-un", "vit-mnist-ln", "text-rt-un", "text-rt-ln", "vit-mnist-ln-to-un",
+    "text-rt-ln-to-un",
+)  # fmt: skip
 
 
 class UnknownExampleError(ValueError):

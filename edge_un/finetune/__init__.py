@@ -1,0 +1,39 @@
+"""Fine-tuning for deployment: distil a LayerNorm model into UN, make a UN model int8-ready,
+and recompute precise inference statistics. One distillation engine serves every use."""
+
+from .engine import (
+    EpochRecord,
+    ExtraLoss,
+    FinetuneRecipe,
+    FinetuneResult,
+    agreement,
+    distill,
+    predict,
+)
+from .int8_ready import METHODS, BranchDecay, RangePenalty, make_int8_ready, residual_ranges
+from .migrate import NothingToMigrateError, migrate
+from .recalibrate import LayerTID, RecalibrationReport, inference_statistics, recalibrate
+from .record import finetune_metadata, save_finetuned
+
+__all__ = [
+    "METHODS",
+    "BranchDecay",
+    "EpochRecord",
+    "ExtraLoss",
+    "FinetuneRecipe",
+    "FinetuneResult",
+    "LayerTID",
+    "NothingToMigrateError",
+    "RangePenalty",
+    "RecalibrationReport",
+    "agreement",
+    "distill",
+    "finetune_metadata",
+    "inference_statistics",
+    "make_int8_ready",
+    "migrate",
+    "predict",
+    "recalibrate",
+    "residual_ranges",
+    "save_finetuned",
+]

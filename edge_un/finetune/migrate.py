@@ -1,0 +1,94 @@
+"""Bring a LayerNorm model to an offline norm (UN by default) without retraining from scratch.
+
+The LayerNorm model itself is the teacher: its LayerNorms are swapped for the offline norm
+(weights copied), the new norms' inference statistics are measured on the data, so the student
+starts close to the teacher, and a short distillation recovers the rest. Labels are optional.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor, nn
+
+from ..norms import OFFLINE_KINDS, OfflineNorm, UnifiedNorm
+from ..swap import swap_layernorm
+from .engine import FinetuneRecipe, FinetuneResult, agreement, distill, predict
+from .recalibrate import recalibrate
+
+
+class NothingToMigrateError(ValueError):
+    """The model has no LayerNorm to replace."""
+
+
+def migrate(
+    model: nn.Module,
+    inputs: Tensor,
+    labels: Tensor | None = None,
+    kind: str = "un",
+    *,
+    recipe: FinetuneRecipe | None = None,
+    val_inputs: Tensor | None = None,
+    val_labels: Tensor | None = None,
+    init_batches: int = 20,
+    norm_kwargs: dict[str, Any] | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] | None = print,
+) -> FinetuneResult:
+    """Swap every LayerNorm of a copy of ``model`` for ``kind`` and distil ``model`` into it.
+
+    ``model`` is left untouched (it becomes the frozen teacher). The student's new norms get
+    their inference statistics from ``init_batches`` batches of ``inputs`` (and UN's window is
+    filled with them), then the student is fine-tuned with :func:`distill`. An edge_un model's
+    ``config`` is updated to the new norm, so the result saves as a loadable checkpoint.
+    ``result.extras`` holds the agreement with the teacher before fine-tuning.
+    """
+    if kind not in OFFLINE_KINDS:
+        raise ValueError(f"migrate to an offline norm ({', '.join(OFFLINE_KINDS)}), not {kind!r}")
+    recipe = recipe or FinetuneRecipe(epochs=20, lr=1e-3)
+    teacher = copy.deepcopy(model).eval()
+    student = copy.deepcopy(model)
+    kwargs = dict(norm_kwargs or {})
+    swapped = swap_layernorm(student, kind, **kwargs)
+    if swapped == 0:
+        raise NothingToMigrateError("the model has no LayerNorm to migrate")
+    _record_norm_in_config(student, kind, kwargs)
+    report = recalibrate(student, inputs, batches=init_batches, batch_size=recipe.batch_size)
+    _fill_windows(student)
+    check = val_inputs if val_inputs is not None else inputs[:500]
+    initial = agreement(predict(student, check), predict(teacher, check))
+    if log is not None:
+        log(f"swapped {swapped} LayerNorm(s) for {kind}; agreement with the teacher before "
+            f"fine-tuning {initial:.4f}")  # fmt: skip
+    result = distill(
+        student, teacher, inputs, labels, recipe=recipe, val_inputs=val_inputs,
+        val_labels=val_labels, progress=progress, log=log, desc=f"migrate to {kind}",
+    )  # fmt: skip
+    _record_norm_in_config(student, kind, {**kwargs, **_warmup_kwargs(result)})
+    result.extras.update(
+        swapped=swapped, initial_agreement=initial, init_statistics=report.as_dict()
+    )
+    return result
+
+
+def _fill_windows(model: nn.Module) -> None:
+    """UN's window of recent statistics starts as the measured ones, not zeros."""
+    for module in model.modules():
+        if isinstance(module, UnifiedNorm):
+            module.window_x2.copy_(module.running_var.expand_as(module.window_x2))
+
+
+def _warmup_kwargs(result: FinetuneResult) -> dict[str, Any]:
+    values = set(result.norm_warmup_iters.values())
+    return {"warmup_iters": values.pop()} if len(values) == 1 else {}
+
+
+def _record_norm_in_config(model: nn.Module, kind: str, kwargs: dict[str, Any]) -> None:
+    """edge_un models rebuild from ``config``: it must name the norm the model now has."""
+    config = getattr(model, "config", None)
+    if isinstance(config, dict) and "norm" in config:
+        eps = {m.eps for m in model.modules() if isinstance(m, OfflineNorm)}
+        extra = {"eps": eps.pop()} if len(eps) == 1 and eps != {1e-5} else {}
+        model.config = {**config, "norm": kind, "norm_kwargs": {**kwargs, **extra}}

@@ -1,0 +1,209 @@
+"""Fine-tuning for deployment: migration, int8-ready, recalibration, their records and CLI verbs.
+
+Tiny models on the 8x8 digits, a few epochs each: every test checks that a step improves what it
+claims to improve, not that it reaches the benchmark's bars.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import edge_un
+from converters import OnlineNormError, fold_norms
+from edge_un import data
+from edge_un.finetune import (
+    FinetuneRecipe,
+    finetune_metadata,
+    inference_statistics,
+    make_int8_ready,
+    migrate,
+    recalibrate,
+    residual_ranges,
+    save_finetuned,
+)
+from edge_un.training import fit
+from service.cli import main as cli_main
+
+from .builders import model_inputs, trained_small_model
+
+FAST = FinetuneRecipe(epochs=2, batch_size=32, lr=2e-3)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def digits() -> data.Dataset:
+    return data.load_dataset("digits")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(digits: data.Dataset, tmp_path_factory: pytest.TempPathFactory):
+    """A tiny LN and a tiny UN ViT trained on digits, saved with their data record."""
+    folder = tmp_path_factory.mktemp("finetune")
+    runs = {
+        kind: fit("vit", "tiny", kind, "digits", epochs=3, dataset=digits,
+                  out=folder / f"{kind}.safetensors", progress=False, log=None)
+        for kind in ("ln", "un")
+    }  # fmt: skip
+    return runs
+
+
+def _parts(digits: data.Dataset):
+    x, y = digits.part("train")
+    vx, vy = digits.part("val")
+    return x, y, vx, vy
+
+
+def test_migrate_raises_agreement_and_leaves_the_teacher_alone(checkpoints, digits) -> None:
+    teacher = checkpoints["ln"].model
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    x, y, vx, vy = _parts(digits)
+    result = migrate(
+        teacher, x, y, recipe=FAST, val_inputs=vx, val_labels=vy, progress=False, log=None
+    )
+    assert result.val_agreement > result.extras["initial_agreement"] + 0.1
+    assert not any(isinstance(m, nn.LayerNorm) for m in result.model.modules())
+    assert sum(isinstance(m, edge_un.UnifiedNorm) for m in result.model.modules()) == 5
+    assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
+    assert any(isinstance(m, nn.LayerNorm) for m in teacher.modules())
+
+
+def test_migrate_without_labels_distils_only(checkpoints, digits) -> None:
+    x, _, vx, vy = _parts(digits)
+    result = migrate(
+        checkpoints["ln"].model, x, recipe=FinetuneRecipe(epochs=1, lr=2e-3),
+        val_inputs=vx, val_labels=vy, progress=False, log=None,
+    )  # fmt: skip
+    assert result.val_agreement > result.extras["initial_agreement"]
+    with pytest.raises(ValueError, match="no LayerNorm to migrate"):
+        migrate(checkpoints["un"].model, x, progress=False, log=None)
+
+
+def test_checkpoint_records_source_recipe_and_accuracies(checkpoints, digits, tmp_path) -> None:
+    x, y, vx, vy = _parts(digits)
+    source = checkpoints["ln"]
+    result = migrate(
+        source.model, x, y, recipe=FinetuneRecipe(epochs=1, lr=2e-3), val_inputs=vx,
+        val_labels=vy, progress=False, log=None,
+    )  # fmt: skip
+    metadata = finetune_metadata(
+        result, "migrate", str(source.path), source.metadata, test=digits.part("test")
+    )
+    path = save_finetuned(result, tmp_path / "migrated.safetensors", metadata)
+    model, info = edge_un.load_checkpoint(path)
+    meta = info.metadata
+    assert info.norm_kind == "un"
+    assert meta["finetune"]["purpose"] == "migrate"
+    assert meta["finetune"]["source"] == str(source.path)
+    assert meta["recipe"]["epochs"] == 1 and meta["recipe"]["temperature"] == 2.0
+    assert meta["teacher_test_accuracy"] == pytest.approx(source.test_accuracy)
+    assert meta["source"]["test_accuracy"] == source.test_accuracy
+    assert meta["dataset"] == "digits" and meta["split"] == source.metadata["split"]
+    inputs, labels = data.checkpoint_split(info, "test")
+    accuracy = (model(inputs).argmax(-1) == labels).double().mean().item()
+    assert accuracy == pytest.approx(meta["test_accuracy"], abs=1e-9)
+
+
+def test_range_penalty_lowers_the_residual_stream_range(checkpoints, digits) -> None:
+    x, y, vx, vy = _parts(digits)
+    model = checkpoints["un"].model
+    before = max(residual_ranges(model, x[:256]).values())
+    result = make_int8_ready(
+        model, x, y, method="range", target=before / 2, weight=1.0, recipe=FAST,
+        val_inputs=vx, val_labels=vy, progress=False, log=None,
+    )  # fmt: skip
+    after = max(result.extras["ranges_after"].values())
+    assert max(result.extras["ranges_before"].values()) == pytest.approx(before)
+    assert after < 0.8 * before
+    assert result.val_agreement >= 0.6
+
+
+def test_branch_decay_shrinks_the_output_projections(checkpoints, digits) -> None:
+    x, y, _, _ = _parts(digits)
+    model = checkpoints["un"].model
+    result = make_int8_ready(
+        model, x, y, method="decay", weight=0.05, recipe=FinetuneRecipe(epochs=1, lr=2e-3),
+        progress=False, log=None,
+    )  # fmt: skip
+
+    def norm(m: nn.Module) -> float:
+        with torch.no_grad():
+            return sum(float(b.mlp.fc2.weight.norm() + b.attn.proj.weight.norm()) for b in m.blocks)
+
+    assert norm(result.model) < norm(model)
+    with pytest.raises(ValueError, match="unknown int8-ready method"):
+        make_int8_ready(model, x, method="qat")
+
+
+@pytest.mark.parametrize(("family", "kind"), [("vit", "un"), ("vit", "bn"), ("text", "un")])
+def test_recalibrate_changes_only_inference_statistics(family: str, kind: str) -> None:
+    model = trained_small_model(family, kind, steps=4)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    stats_before = inference_statistics(model)
+    inputs = torch.cat([model_inputs(model, batch=16) for _ in range(4)])
+    report = recalibrate(model, inputs, batches=4, batch_size=16)
+    after = model.state_dict()
+    changed = {k for k in state if not torch.equal(state[k], after[k])}
+    assert changed, "no inference statistic moved"
+    assert changed <= set(stats_before)  # weights, windows, step counters: bit-identical
+    assert set(report.layers) == {k.rsplit(".", 1)[0] for k in stats_before}
+    mean_before = np.mean([t.tid_before for t in report.layers.values()])
+    mean_after = np.mean([t.tid_after for t in report.layers.values()])
+    assert mean_after < mean_before
+
+
+def test_cli_migrate_from_npz_and_finetune_int8_ready(checkpoints, digits, tmp_path, capsys):
+    x, y = digits.part("train")
+    npz = tmp_path / "train.npz"
+    np.savez(npz, inputs=x[:256].numpy(), labels=y[:256].numpy())
+    migrated = tmp_path / "migrated.safetensors"
+    argv = ["migrate", str(checkpoints["ln"].path), "--npz", str(npz), "--epochs", "1"]
+    assert cli_main([*argv, "--quiet", "--threads", "1", "--out", str(migrated)]) == 0
+    _, info = edge_un.load_checkpoint(migrated)
+    assert info.norm_kind == "un"
+    assert info.metadata["command"].startswith("edge-un migrate ")
+    assert info.metadata["dataset"] == "digits"  # the source's record survives an npz run
+    ready = tmp_path / "ready.safetensors"
+    argv = ["finetune", str(migrated), "--int8-ready", "--epochs", "1", "--recalibrate", "2"]
+    assert cli_main([*argv, "--quiet", "--threads", "1", "--out", str(ready)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {ready} (test accuracy" in out
+    _, info = edge_un.load_checkpoint(ready)
+    assert info.metadata["finetune"]["purpose"] == "int8-ready"
+    assert info.metadata["finetune"]["method"] == "decay"
+    assert "recalibration" in info.metadata["finetune"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["finetune", "{un}", "--epochs", "1"], "nothing to do: pass --int8-ready"),
+        (["migrate", "{un}", "--epochs", "1"], "has no LayerNorm to migrate"),
+        (["migrate", "{ln}", "--npz", "{bad}"], "no 'inputs' array"),
+        (["migrate", "{ln}", "--data", "mnist"], "was trained on 'digits', not 'mnist'"),
+        (["migrate", "{ln}", "--epochs", "0"], "epochs must be positive, got 0"),
+    ],
+)
+def test_cli_bad_input_is_one_line(checkpoints, tmp_path, capsys, argv, message) -> None:
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, labels=np.zeros(3))
+    paths = {"un": checkpoints["un"].path, "ln": checkpoints["ln"].path, "bad": bad}
+    argv = [a.format(**paths) for a in argv]
+    assert cli_main([*argv, "--quiet", "--out", str(tmp_path / "x.safetensors")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_converter_error_for_layernorm_names_migrate(checkpoints) -> None:
+    with pytest.raises(OnlineNormError, match="edge-un migrate"):
+        fold_norms(checkpoints["ln"].model)
