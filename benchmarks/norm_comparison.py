@@ -12,7 +12,10 @@ Writes, under benchmarks/results/:
   norm_comparison_filtered.png  UN outlier-filtered steps by layer depth (cf. the paper's Fig. 5)
 
 Resumable: runs already in the JSON are skipped, so a killed benchmark loses at most the runs
-in flight. Usage:  python benchmarks/norm_comparison.py [--workers 2] [--seeds 0 1 2]
+in flight. Each new run records the date and torch version it ran with. ``--carry-over OLD.json``
+adds the runs of an older results file that this one lacks, marked ``carried_over`` (the table
+marks every cell holding one with a dagger). Usage:
+    python benchmarks/norm_comparison.py [--workers 2] [--seeds 0 1 2] [--carry-over OLD.json]
 """
 
 from __future__ import annotations
@@ -67,7 +70,14 @@ def run_one(task: str, norm_name: str, seed: int) -> dict[str, Any]:
     kind, kwargs = NORMS[norm_name]
     if data not in _DATASETS:
         _DATASETS[data] = load_dataset(data)
+    import torch
+
     record: dict[str, Any] = {"task": task, "norm": norm_name, "seed": seed}
+    record["run"] = {
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
     start = time.perf_counter()
     try:
         result = fit(
@@ -124,10 +134,27 @@ def save_runs(runs: list[dict[str, Any]]) -> None:
 # -- report ----------------------------------------------------------------------------------
 
 
+def carry_over(runs: list[dict[str, Any]], old_path: Path) -> list[dict[str, Any]]:
+    """The runs of an older results file that ``runs`` lacks, marked carried over."""
+    have = {(r["task"], r["norm"], r["seed"]) for r in runs}
+    old = json.loads(old_path.read_text())["runs"]
+    return [
+        {**r, "carried_over": True}
+        for r in old
+        if (r["task"], r["norm"], r["seed"]) not in have and r["norm"] in NORMS
+    ]
+
+
 def cell(runs: list[dict[str, Any]]) -> str:
-    """mean +- std of test accuracy in %, or FAIL with how many of the seeds failed."""
+    """mean +- std of test accuracy in %, or FAIL with how many of the seeds failed; a dagger
+    when any of the runs was carried over from an older results file."""
     if not runs:
         return "-"
+    mark = " †" if any(r.get("carried_over") for r in runs) else ""
+    return _cell(runs) + mark
+
+
+def _cell(runs: list[dict[str, Any]]) -> str:
     ok = [100 * r["test_accuracy"] for r in runs if r["status"] == "ok"]
     failed = len(runs) - len(ok)
     if failed:
@@ -164,6 +191,20 @@ def write_table(runs: list[dict[str, Any]]) -> str:
     for norm in NORMS:
         cells = [cell([r for r in runs if r["task"] == t and r["norm"] == norm]) for t in TASKS]
         lines.append(f"| {norm} | " + " | ".join(cells) + " |")
+    carried = [r for r in runs if r.get("carried_over")]
+    if carried:
+        rerun = len(runs) - len(carried)
+        lines += [
+            "",
+            f"† holds runs carried over from an older results file ({len(carried)} of "
+            f"{len(runs)} runs; the other {rerun} were run with the current code). Carried over:",
+            "",
+        ]
+        for task in TASKS:
+            for norm in NORMS:
+                seeds_old = [r["seed"] for r in carried if r["task"] == task and r["norm"] == norm]
+                if seeds_old:
+                    lines.append(f"- {task} {norm}: seeds {seeds_old}")
     lines += ["", "UN outlier-filtered training steps per layer (mean over seeds), by depth:", ""]
     for task in TASKS:
         counts = filtered_by_layer(runs, task)
@@ -243,6 +284,9 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--norms", nargs="+", default=list(NORMS), choices=list(NORMS))
     parser.add_argument("--report-only", action="store_true", help="only rewrite table and plots")
+    parser.add_argument(
+        "--carry-over", type=Path, help="add the runs of this older JSON that are missing here"
+    )
     args = parser.parse_args()
 
     from tqdm import tqdm
@@ -272,6 +316,9 @@ def main() -> None:
                 name = f"{record['task']:17s} {record['norm']:12s} seed {record['seed']}"
                 bar.write(f"{name}: {score} ({record['seconds']}s)")
         print(f"wall time {time.perf_counter() - started:.0f}s for {len(todo)} runs")
+    if args.carry_over is not None:
+        runs += carry_over(runs, args.carry_over)
+        save_runs(runs)
     print(write_table(runs))
     plot(runs)
 
