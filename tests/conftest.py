@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from torch import nn
+
+from edge_un import data
 
 from .builders import trained_small_model
 
@@ -11,3 +14,18 @@ from .builders import trained_small_model
 @pytest.fixture
 def small_vit() -> nn.Module:
     return trained_small_model("vit", "un")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Training tests: two threads on two cores shared with other processes oversubscribe and
+    crawl (use with ``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def digits() -> data.Dataset:
+    return data.load_dataset("digits")

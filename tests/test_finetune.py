@@ -32,17 +32,7 @@ from .builders import model_inputs, trained_small_model
 FAST = FinetuneRecipe(epochs=2, batch_size=32, lr=2e-3)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def digits() -> data.Dataset:
-    return data.load_dataset("digits")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

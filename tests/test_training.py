@@ -15,19 +15,7 @@ from edge_un import data, load_checkpoint
 from edge_un.training import TrainingDivergedError, fit, get_preset, lr_factor
 from service.cli import main as cli_main
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Two threads on two cores shared with other processes oversubscribe and crawl.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def digits() -> data.Dataset:
-    return data.load_dataset("digits")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
