@@ -19,7 +19,6 @@ import numpy as np
 import onnx
 
 import edge_un
-from converters.errors import ConversionError
 from converters.pipeline import FoldedSource, export_folded, load_and_fold
 
 from . import report as schema
@@ -82,7 +81,7 @@ def convert(
     profiles = parse_targets(",".join(targets) if isinstance(targets, list | tuple) else targets)
     if max_drift < 0:
         raise QuantError(f"max_drift must be >= 0 points, got {max_drift}")
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).resolve()  # artifact names are relative to it, tools return absolute
     say("load", 0.01)
     folded = load_and_fold(model, config=config, allow_online=allow_online)
     spec = _input_spec(folded)
@@ -160,7 +159,7 @@ def _build_target(
             export.reference, bars, stage, latency_runs,
         )  # fmt: skip
         fields = build(job)
-    except (QuantError, ConversionError, RuntimeError, OSError) as error:
+    except (ValueError, RuntimeError, OSError) as error:  # Quant/ConversionError are ValueErrors
         return schema.TargetReport(**base, status="failed", error=_one_line(error))
     fields["artifacts"].append(
         artifact_record(export.path, out_dir, "onnx", "folded fp32 ONNX it was quantized from")
