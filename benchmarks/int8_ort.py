@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 from onnxruntime.quantization import (
-    CalibrationDataReader,
     CalibrationMethod,
     QuantFormat,
     QuantType,
@@ -27,24 +26,10 @@ from onnxruntime.quantization import (
 import edge_un
 from converters.pipeline import convert
 from edge_un import data as edge_data
+from quant.drift import onnx_runner
+from quant.ort_int8 import SamplesReader
 
 CALIBRATION_SAMPLES = 256
-
-
-class _Reader(CalibrationDataReader):
-    def __init__(self, name: str, samples: np.ndarray, batch: int = 32) -> None:
-        self._feeds = iter({name: samples[i : i + batch]} for i in range(0, len(samples), batch))
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        return next(self._feeds, None)
-
-
-def _run(path: Path, inputs: np.ndarray, batch: int = 250) -> np.ndarray:
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return np.concatenate(
-        [session.run(None, {name: inputs[i : i + batch]})[0] for i in range(0, len(inputs), batch)]
-    )
 
 
 def int8_quality(checkpoint: str | Path, work_dir: str | Path | None = None) -> dict[str, Any]:
@@ -62,7 +47,7 @@ def int8_quality(checkpoint: str | Path, work_dir: str | Path | None = None) -> 
         quantize_static(
             str(pre),
             str(int8),
-            _Reader(name.name, calibration),
+            SamplesReader(name.name, calibration, batch=32),
             quant_format=QuantFormat.QDQ,
             per_channel=True,
             activation_type=QuantType.QInt8,
@@ -70,7 +55,8 @@ def int8_quality(checkpoint: str | Path, work_dir: str | Path | None = None) -> 
             calibrate_method=CalibrationMethod.MinMax,
             extra_options={"ActivationSymmetric": True},
         )
-        reference, quantized = _run(fp32, test_x.numpy()), _run(int8, test_x.numpy())
+        reference = onnx_runner(fp32)(test_x.numpy())
+        quantized = onnx_runner(int8)(test_x.numpy())
     labels = test_y.numpy()
     fp32_accuracy = float((reference.argmax(-1) == labels).mean())
     int8_accuracy = float((quantized.argmax(-1) == labels).mean())

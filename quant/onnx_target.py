@@ -17,7 +17,7 @@ from .drift import Drift, measure_drift, onnx_runner, tensor_sqnr
 from .job import TargetJob
 from .latency import onnx_latency, thread_counts
 from .ort_int8 import quantize_onnx
-from .records import artifact_record, drift_record, latency_record
+from .records import WORST_LAYERS, artifact_record, drift_record, latency_record
 from .rules import check_onnx_artifact, onnx_op_histogram, unsupported_ops
 
 FIRST_FALLBACK_STEP = 4
@@ -66,7 +66,7 @@ def build_onnx_target(job: TargetJob) -> dict[str, Any]:
     sample = evaluation.inputs[:1]
     worst = [
         schema.LayerError(name=e.name, op=e.op, sqnr_db=e.sqnr_db, own_sqnr_db=e.own_sqnr_db)
-        for e in errors[:5]
+        for e in errors[:WORST_LAYERS]
     ]
     description = "int8 QDQ ONNX" + (f", {len(int16)} activations int16" if int16 else "")
     return {

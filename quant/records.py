@@ -10,6 +10,7 @@ from . import report as schema
 from .drift import Drift
 from .latency import Timing
 
+WORST_LAYERS = 5  # how many of the lowest-SQNR tensors a target's report names
 Runtime = Literal["onnxruntime", "litert"]
 ArtifactFormat = Literal["onnx", "tflite", "vela_tflite", "text"]
 

@@ -20,12 +20,10 @@ from .drift import Drift, measure_drift
 from .job import TargetJob
 from .latency import thread_counts
 from .litert import latency_tflite, run_tflite, tensor_sqnr_tflite
-from .records import artifact_record, drift_record, latency_record
+from .records import WORST_LAYERS, artifact_record, drift_record, latency_record
 from .rules import unsupported_ops
 from .tflite import check_full_integer, convert_tflite, inspect_tflite
 from .vela import VelaResult, compile_vela
-
-WORST_LAYERS = 5
 
 
 def build_tflite_target(job: TargetJob) -> dict[str, Any]:
