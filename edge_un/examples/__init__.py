@@ -19,7 +19,9 @@ to-un            --epochs 1 --lr 0.0005 --seed 0 --labels-only --threads 1
 
 Each checkpoint's metadata holds ``dataset``, ``split``, ``preprocessing`` (use
 :func:`edge_un.data.preprocessor`), ``test_accuracy`` and the exact ``command`` that made it.
-See also ``README.md`` in this directory.
+The commands take their recipe from :mod:`edge_un.training.presets`: the ViT "example" preset
+trains UN with momentum 0.5 (recorded in the file's ``norm_kwargs``), the text one with the
+layer's default 0.9. See also ``README.md`` in this directory.
 """
 
 from __future__ import annotations

@@ -206,7 +206,7 @@ def fit(
     steps_per_epoch = math.ceil(len(train_x) / batch_size)
     total_steps = epochs * steps_per_epoch
     warmup_steps = max(1, round(total_steps * recipe.lr_warmup_fraction))
-    norm_kwargs = dict(norm_kwargs or {})
+    norm_kwargs = {**recipe.norm_kwargs.get(norm, {}), **(norm_kwargs or {})}
     if norm in WARMUP_KINDS and "warmup_iters" not in norm_kwargs:
         norm_kwargs["warmup_iters"] = norm_warmup_iters(total_steps, recipe.norm_warmup_fraction)
 
