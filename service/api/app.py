@@ -1,0 +1,64 @@
+"""The FastAPI application: routes, problem+json errors, and the job queue's lifetime."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import FastAPI
+
+import edge_un
+
+from .. import problems
+from ..db import upgrade
+from ..metrics import Metrics
+from ..queue import JobQueue, LocalProcessQueue
+from ..settings import Settings
+from ..storage import LocalArtifactStore
+from . import conversions, openapi, system
+from .deps import Services
+
+log = logging.getLogger("edge_un.api")
+
+
+def create_app(settings: Settings, queue: JobQueue | None = None) -> FastAPI:
+    """The service for these settings. The queue starts with the app (after the database is
+    migrated and jobs a dead server left running are recovered) and stops with it."""
+    services = Services(
+        settings=settings,
+        store=LocalArtifactStore(settings.data_dir),
+        queue=queue or LocalProcessQueue(settings),
+        metrics=Metrics(settings),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await anyio.to_thread.run_sync(upgrade, settings)
+        if settings.auth == "none":
+            log.warning(
+                "AUTHENTICATION IS OFF (EDGE_UN_AUTH=none): anyone who reaches this "
+                "server can upload, read and delete jobs; use it only locally"
+            )
+        await anyio.to_thread.run_sync(services.queue.start)
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(services.queue.stop)
+
+    app = FastAPI(
+        title="edge-un conversion service",
+        version=edge_un.__version__,
+        description="Upload a Transformer checkpoint; get int8 artifacts for edge targets, "
+        "with a report of the accuracy they cost and how fast they run.",
+        lifespan=lifespan,
+    )
+    app.state.services = services
+    problems.install(app)
+    openapi.install(app)
+    app.include_router(conversions.router)
+    app.include_router(system.router)
+    # every route, flat, for the Allow header of a 405 (FastAPI nests included routers)
+    app.state.flat_routes = [*app.router.routes, *conversions.router.routes, *system.router.routes]
+    return app

@@ -1,0 +1,114 @@
+"""The API's wire format (pydantic), kept apart from the database records."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from ..db import Job
+
+State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+class Inputs(BaseModel):
+    """The uploaded files by their client-side names (labels only) and the model's format."""
+
+    model: str
+    model_format: Literal["safetensors", "pt", "pt2", "onnx"]
+    config: str | None
+    calib: str | None
+    eval: str | None
+    bytes: int
+
+
+class JobOut(BaseModel):
+    id: str
+    state: State
+    stage: str | None = Field(description="what the job is doing now (running) or did last")
+    percent: float = Field(ge=0, le=100)
+    error: str | None = Field(description="why it failed (one line), when failed or cancelled")
+    targets: list[str] = Field(description="the targets it builds (every one unless named)")
+    max_drift: float
+    inputs: Inputs
+    attempts: int = Field(description="runs started (a server crash may interrupt a run)")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+    links: dict[str, str]
+
+    @classmethod
+    def of(cls, job: Job, base: str) -> JobOut:
+        url = f"{base}/v1/conversions/{job.id}"
+        links = {"self": url}
+        if job.state in ("succeeded", "failed"):
+            links |= {
+                "report": f"{url}/report",
+                "report_html": f"{url}/report.html",
+                "artifacts": f"{url}/artifacts",
+                "bundle": f"{url}/bundle.zip",
+            }
+        return cls(
+            id=job.id,
+            state=job.state,  # type: ignore[arg-type]
+            stage=job.stage,
+            percent=job.percent,
+            error=job.error,
+            targets=[t for t in job.targets.split(",") if t],
+            max_drift=job.max_drift,
+            inputs=Inputs(
+                model=job.model_label,
+                model_format=job.model_format,  # type: ignore[arg-type]
+                config=job.config_label,
+                calib=job.calib_label,
+                eval=job.eval_label,
+                bytes=job.upload_bytes,
+            ),
+            attempts=job.attempts,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            updated_at=job.updated_at,
+            links=links,
+        )
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    total: int
+    limit: int
+    offset: int
+    next: str | None = Field(description="the next page, newest first; None on the last")
+
+
+class ArtifactOut(BaseModel):
+    name: str = Field(description="path relative to the job's output, e.g. cpu/model_int8.onnx")
+    bytes: int
+    sha256: str
+    url: str
+
+
+class TargetOut(BaseModel):
+    name: str
+    board: str
+    runtime: str
+    opset: int
+    static_batch: bool
+    rules: list[str]
+    notes: str
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details: every error this API returns."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None

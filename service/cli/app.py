@@ -1,0 +1,157 @@
+"""The typer application: global options (--version, --debug), one error policy for every
+command, and ``main``.
+
+Error policy: a command that fails on bad input (a ValueError, an OSError, a checkpoint error,
+a missing optional package...) prints ONE line on stderr, ``edge-un CMD: error: ...``, and exits
+1; anything else is a bug and prints one line too, with a hint to rerun with ``--debug``, which
+shows the traceback. Usage errors (unknown option, bad choice) are typer's: usage + exit 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from . import output
+
+EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130
+
+# Set by the root callback, read by the error handler of the command that runs after it.
+_debug: ContextVar[bool] = ContextVar("edge_un_debug", default=False)
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+app = typer.Typer(
+    name="edge-un",
+    help="Unified Normalization Transformers: train, fold, export, quantize to int8 for edge "
+    "targets, and serve conversions over HTTP.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def version() -> str:
+    """edge_un's version without importing edge_un (which imports torch: ~2 s)."""
+    spec = importlib.util.find_spec("edge_un")
+    if spec is not None and spec.submodule_search_locations:
+        source = Path(next(iter(spec.submodule_search_locations))) / "_version.py"
+        scope: dict[str, Any] = {}
+        exec(compile(source.read_text(), str(source), "exec"), scope)
+        return str(scope["__version__"])
+    from edge_un import __version__
+
+    return __version__
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        output.stdout().print(f"edge-un {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="On an error, show the full traceback.")
+    ] = False,
+) -> None:
+    _debug.set(debug)
+
+
+def _is_bad_input(error: BaseException) -> bool:
+    """Errors that mean "the input is wrong": they are explained in one line, not a traceback."""
+    if isinstance(error, ValueError | OSError | ModuleNotFoundError):
+        return True
+    # edge_un is only imported by the commands that need it (torch is slow to import); if it is
+    # not loaded, the error cannot be one of its checkpoint errors.
+    edge_un = sys.modules.get("edge_un")
+    checkpoint_error = getattr(edge_un, "CheckpointError", None)
+    return checkpoint_error is not None and isinstance(error, checkpoint_error)
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's message on one line (pydantic and others write several)."""
+    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return "; ".join(lines) or type(error).__name__
+
+
+def _fail(label: str, error: BaseException) -> int:
+    if _debug.get():
+        traceback.print_exc()
+    if _is_bad_input(error):
+        output.error_line(label, one_line(error))
+    else:
+        hint = "" if _debug.get() else " (rerun with --debug for the traceback)"
+        output.error_line(
+            label, f"{type(error).__name__}: {one_line(error)}{hint}", "unexpected error"
+        )
+    return EXIT_FAILURE
+
+
+def command(
+    group: typer.Typer = app, name: str | None = None, **options: Any
+) -> Callable[[Command], Command]:
+    """``@command()``: register a function returning an exit code under the error policy."""
+
+    def register(function: Command) -> Command:
+        command_name = name or function.__name__.replace("_", "-")
+        label = (
+            f"edge-un {command_name}"
+            if group is app
+            else f"edge-un {group.info.name} {command_name}"
+        )
+
+        @functools.wraps(function)
+        def guarded(*args: Any, **kwargs: Any) -> None:
+            try:
+                code = function(*args, **kwargs)
+            except (typer.Exit, typer.Abort, typer.BadParameter, BrokenPipeError):
+                raise  # typer's: usage errors, and a closed pipe (`edge-un report D | head`)
+            except KeyboardInterrupt:
+                output.error_line(label, "interrupted")
+                raise typer.Exit(EXIT_INTERRUPTED) from None
+            except Exception as error:  # the policy above
+                raise typer.Exit(_fail(label, error)) from None
+            if code:
+                raise typer.Exit(code)
+
+        group.command(command_name, **options)(guarded)
+        return function
+
+    return register
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default: sys.argv) and return the exit code."""
+    # torch.export's own deprecation noise is not the user's concern.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
+    _debug.set(False)
+    cli = typer.main.get_command(app)
+    try:
+        cli.main(args=None if argv is None else list(argv), prog_name="edge-un")
+    except SystemExit as done:
+        if done.code is None or isinstance(done.code, int):
+            return done.code or 0
+        output.stderr().print(str(done.code))
+        return EXIT_FAILURE
+    return 0

@@ -1,0 +1,16 @@
+"""Job and token records (SQLAlchemy 2) and their Alembic migrations."""
+
+from .migrate import upgrade
+from .models import Base, Job, JobStage, Token
+from .session import get_engine, session_factory, session_scope
+
+__all__ = [
+    "Base",
+    "Job",
+    "JobStage",
+    "Token",
+    "get_engine",
+    "session_factory",
+    "session_scope",
+    "upgrade",
+]

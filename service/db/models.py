@@ -1,0 +1,109 @@
+"""Database tables: API tokens, conversion jobs and the time each job spent in each stage.
+
+These are storage records, kept apart from the API's pydantic schemas (service.api.schemas):
+the wire format can change without a migration and the reverse.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as UTC and always read back timezone-aware (SQLite drops the zone)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: object) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: object) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Token(Base):
+    """An API token: only the sha256 of its secret is stored, never the secret itself."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    secret_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class Job(Base):
+    """One conversion request. ``seq`` orders the queue (FIFO) and the listings (newest first);
+    ``id`` is the unguessable public name. ``attempts`` counts the runs started: a job process
+    writes only while the job is ``running`` at the attempt it was started for, so a stale
+    process (its server restarted) can never overwrite a newer run."""
+
+    __tablename__ = "jobs"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(32), unique=True)
+    token_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tokens.id", ondelete="SET NULL"), nullable=True
+    )
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    stage: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    percent: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # What was asked: the targets as given ("" = all), the drift bar, the uploaded files.
+    targets: Mapped[str] = mapped_column(String(200), default="")
+    max_drift: Mapped[float] = mapped_column(Float)
+    model_format: Mapped[str] = mapped_column(String(16))
+    model_label: Mapped[str] = mapped_column(String(255))
+    config_label: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    calib_label: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    eval_label: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    upload_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (
+        Index("ix_jobs_state_seq", "state", "seq"),
+        Index("ix_jobs_token_seq", "token_id", "seq"),
+    )
+
+
+class JobStage(Base):
+    """Seconds a stage of a job took (the /metrics stage durations read these)."""
+
+    __tablename__ = "job_stages"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # no foreign key: the durations outlive a deleted job (the metrics are cumulative)
+    job_id: Mapped[str] = mapped_column(String(32), index=True)
+    stage: Mapped[str] = mapped_column(String(64))
+    seconds: Mapped[float] = mapped_column(Float)

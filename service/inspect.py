@@ -1,0 +1,249 @@
+"""Content checks of uploaded files, before a job is queued: each problem is one clear 4xx.
+
+The format comes from the bytes (:mod:`service.sniff`), never from the client's file name or
+content type; each format is then read with the project's own safe loader
+(:mod:`service.model_checks`). Nothing from a file is ever unpickled unsafely, and a config's
+implied model size is checked before anything is built. Called in a worker thread (CPU bound,
+reads files).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from . import sniff
+from .model_checks import (
+    MAX_PARAMETERS,
+    ModelUpload,
+    check_checkpoint,
+    check_onnx,
+    check_program,
+    check_size,
+    implied_parameters,
+    one_line,
+    read_onnx,
+    reject,
+)
+from .uploads import MIB
+
+__all__ = [
+    "MAX_PARAMETERS",
+    "ModelUpload",
+    "implied_parameters",
+    "inspect_config",
+    "inspect_model",
+    "inspect_npz",
+]
+
+MAX_CONFIG_BYTES = 1 * MIB
+FORMATS = (
+    "a .safetensors checkpoint, a torch state dict (.pt/.pth, zip format, with a config), a "
+    "torch.export program (.pt2) or an ONNX model"
+)
+
+
+# -- config ----------------------------------------------------------------------------------
+
+
+def inspect_config(path: Path) -> dict:
+    """The uploaded config: a JSON object (at most 1 MB) naming an architecture."""
+    size = path.stat().st_size
+    if size == 0:
+        raise reject("Empty upload", "the 'config' upload is empty; send the JSON config", 400)
+    if size > MAX_CONFIG_BYTES:
+        raise reject(
+            "Config too large",
+            f"the 'config' upload is {size:,} bytes; a config is "
+            f"a small JSON object (at most {MAX_CONFIG_BYTES // MIB} MB)",
+            413,
+        )
+    try:
+        config = json.loads(
+            path.read_bytes().decode("utf-8"), parse_constant=sniff.no_json_constant
+        )
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise reject(
+            "Bad config",
+            f"the 'config' upload is not valid JSON ({one_line(error)}); "
+            "send the JSON object the checkpoint was saved with",
+        ) from None
+    if not isinstance(config, dict):
+        raise reject(
+            "Bad config",
+            f"the 'config' upload must be a JSON object, got a "
+            f'{type(config).__name__}: {{"architecture": ..., "arguments": {{...}}}}',
+        )
+    if not isinstance(config.get("architecture"), str):
+        raise reject(
+            "Bad config",
+            "the 'config' object has no 'architecture' (a string such as \"VisionTransformer\")",
+        )
+    if not isinstance(config.get("arguments", {}), dict):
+        raise reject("Bad config", "the config's 'arguments' must be a JSON object")
+    return config
+
+
+# -- model -----------------------------------------------------------------------------------
+
+
+def inspect_model(path: Path, config: dict | None) -> ModelUpload:
+    """What the uploaded model is, after checking it can be converted; UploadRejected if not."""
+    kind = sniff.sniff(path)
+    if kind == "empty":
+        raise reject("Empty upload", "the 'model' upload is empty; send the model file", 400)
+    if kind == "safetensors":
+        header = sniff.read_safetensors_header(path)
+        check_size(header.elements, "the checkpoint stores")
+        raw = config if config is not None else header.metadata.get("edge_un")
+        return check_checkpoint(path, "safetensors", raw, config)
+    if kind == "zip":
+        names = sniff.check_zip(path, "'model' upload")
+        if any(name.rsplit("/", 1)[-1] == "archive_format" for name in names):
+            _no_config(config, "a torch.export program (.pt2)")
+            return check_program(path)
+        pickles = [name for name in names if name.rsplit("/", 1)[-1] == "data.pkl"]
+        if len(pickles) != 1:
+            raise reject(
+                "Unknown model format",
+                f"the 'model' upload is a zip archive but "
+                f"neither a torch checkpoint nor a torch.export program; send {FORMATS}",
+            )
+        _refuse_code(sniff.pickle_globals(sniff.read_member(path, pickles[0])) or [])
+        if config is None:
+            raise reject(
+                "Missing config",
+                "the model is a torch state dict, which does not "
+                "say how to build the model: upload its JSON config as 'config' too, or "
+                "save it with edge_un.save_checkpoint (.safetensors, config inside)",
+            )
+        return check_checkpoint(path, "pt", config, config)
+    if kind == "pickle":
+        _refuse_code(sniff.pickle_globals(path.read_bytes()[: 64 * MIB]) or [])
+        raise reject(
+            "Legacy pickle refused",
+            "the 'model' upload is a raw pickle (torch's "
+            "legacy format or pickle.dump), which is never loaded here: save the state "
+            "dict with torch.save (zip format) or edge_un.save_checkpoint",
+        )
+    onnx_model = read_onnx(path) if kind == "other" else None
+    if onnx_model is not None:
+        _no_config(config, "an ONNX model")
+        return check_onnx(onnx_model)
+    if kind == "other" and path.stat().st_size <= MIB:
+        _refuse_code(sniff.pickle_globals(path.read_bytes()) or [])  # protocol 0/1 pickles
+    raise reject(
+        "Unknown model format",
+        f"the 'model' upload is not a model file edge-un reads (by its content); send {FORMATS}",
+    )
+
+
+def _refuse_code(globals_: list[str]) -> None:
+    risky = sniff.code_globals(globals_)
+    if risky:
+        raise reject(
+            "Code-execution payload refused",
+            f"the 'model' upload is a pickle "
+            f"carrying a code-execution payload: loading it would call "
+            f"{', '.join(sorted(set(risky))[:5])}; refused without unpickling it. "
+            "Upload weights as .safetensors",
+        )
+
+
+def _no_config(config: dict | None, what: str) -> None:
+    if config is not None:
+        raise reject(
+            "Config not used",
+            f"the model is {what}, which carries its own graph: send it without a 'config'",
+        )
+
+
+# -- calibration / evaluation data -----------------------------------------------------------
+
+
+def inspect_npz(path: Path, field: Literal["calib", "eval"]) -> None:
+    """A readable .npz of numbers with 'inputs' (batch first) and optional integer 'labels';
+    its shape against the model is checked when the job runs (the model is not loaded here)."""
+    from quant.data import MIN_CALIBRATION_SAMPLES, MIN_EVALUATION_SAMPLES, load_npz
+    from quant.errors import DataFileError
+
+    kind = sniff.sniff(path)
+    redo = "write one with numpy.savez(path, inputs=..., labels=...)"
+    if kind == "empty":
+        raise reject("Empty upload", f"the {field!r} upload is empty; {redo}", 400)
+    if kind == "pickle":
+        raise reject(
+            "Pickled data refused",
+            f"the {field!r} upload is a pickle, which is never "
+            f"loaded; {redo} (plain numeric arrays)",
+        )
+    if kind == "npy":
+        raise reject(
+            "Bad data file",
+            f"the {field!r} upload is a single .npy array, not an "
+            f".npz archive with 'inputs'; {redo}",
+        )
+    if kind != "zip":
+        raise reject("Bad data file", f"the {field!r} upload is not an .npz archive; {redo}")
+    names = sniff.check_zip(path, f"{field!r} upload")
+    spec = _inputs_spec(path, names, field, redo)
+    purpose = "calibration" if field == "calib" else "evaluation"
+    minimum = MIN_CALIBRATION_SAMPLES if field == "calib" else MIN_EVALUATION_SAMPLES
+    try:
+        load_npz(path, spec, purpose=purpose, minimum=minimum)
+    except DataFileError as error:
+        line = one_line(error).removeprefix(f"{purpose} data {path.name}: ")
+        raise reject("Bad data file", f"the {field!r} upload: {line}") from None
+    except MemoryError:
+        raise
+    except Exception as error:  # numpy's readers raise many types on a damaged member
+        raise reject(
+            "Bad data file",
+            f"the {field!r} upload is not a readable .npz "
+            f"({type(error).__name__}: {one_line(error)}); {redo}",
+        ) from None
+
+
+def _inputs_spec(path: Path, names: list[str], field: str, redo: str) -> Any:
+    """The InputSpec the file's own 'inputs' header declares (so only the data is checked)."""
+    import zipfile
+
+    from quant.data import InputSpec
+
+    if "inputs.npy" not in names:
+        shown = ", ".join(n.removesuffix(".npy") for n in names[:10]) or "none"
+        raise reject(
+            "Bad data file", f"the {field!r} upload has no 'inputs' array (found: {shown}); {redo}"
+        )
+    try:
+        with zipfile.ZipFile(path) as archive, archive.open("inputs.npy") as stream:
+            version = np.lib.format.read_magic(stream)
+            read = {
+                (1, 0): np.lib.format.read_array_header_1_0,
+                (2, 0): np.lib.format.read_array_header_2_0,
+            }.get(version)
+            if read is None:
+                raise ValueError(f"unsupported .npy version {version}")
+            shape, _, dtype = read(stream)
+    except Exception as error:
+        raise reject(
+            "Bad data file",
+            f"the {field!r} upload's 'inputs' is not a readable .npy "
+            f"array ({one_line(error)}); {redo}",
+        ) from None
+    if dtype.hasobject:
+        raise reject(
+            "Pickled data refused",
+            f"the {field!r} upload's 'inputs' is a pickled "
+            f"object array, which is never loaded; {redo} (plain numeric arrays)",
+        )
+    if len(shape) == 0:
+        raise reject(
+            "Bad data file",
+            f"the {field!r} upload's 'inputs' is a single number; "
+            f"it needs a batch axis first; {redo}",
+        )
+    return InputSpec(tuple(shape[1:]), dtype.name if dtype.kind in "biuf" else "float32")

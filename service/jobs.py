@@ -1,0 +1,252 @@
+"""Job records and their state machine: queued -> running -> succeeded | failed | cancelled.
+
+The database is the queue: a job is accepted only once its row is committed, a dispatcher
+claims the oldest queued row with one conditional UPDATE (two claimers can never both win),
+and everything a job process writes is conditional on the job still running the attempt it
+was started for. Plain functions over a SQLAlchemy session; no HTTP here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from .db import Job, JobStage
+from .db.models import utcnow
+
+State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+STATES: tuple[State, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
+FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+# Every move a job can make; anything else is a bug (or a stale writer, which is refused).
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "queued": frozenset({"running", "cancelled"}),
+    "running": frozenset({"succeeded", "failed", "cancelled", "queued"}),
+    "succeeded": frozenset(),
+    "failed": frozenset(),
+    "cancelled": frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """What an accepted upload asks for."""
+
+    token_id: int | None
+    targets: str
+    max_drift: float
+    model_format: str
+    model_label: str
+    config_label: str | None = None
+    calib_label: str | None = None
+    eval_label: str | None = None
+    upload_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A job a dispatcher took to run: its id and the attempt number this run is."""
+
+    job_id: str
+    attempt: int
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+def create(session: Session, job_id: str, request: NewJob) -> Job:
+    now = utcnow()
+    job = Job(
+        id=job_id,
+        state="queued",
+        percent=0.0,
+        attempts=0,
+        created_at=now,
+        updated_at=now,
+        **request.__dict__,
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def _owned_by(token_id: int | None):
+    return Job.token_id.is_(None) if token_id is None else Job.token_id == token_id
+
+
+def get(session: Session, job_id: str, token_id: int | None) -> Job | None:
+    """The job if it exists and belongs to this token (anonymous jobs belong to None)."""
+    return session.scalar(select(Job).where(Job.id == job_id, _owned_by(token_id)))
+
+
+def page(session: Session, token_id: int | None, limit: int, offset: int) -> tuple[list[Job], int]:
+    """A token's jobs, newest first, and how many it has."""
+    mine = _owned_by(token_id)
+    rows = session.scalars(
+        select(Job).where(mine).order_by(Job.seq.desc()).limit(limit).offset(offset)
+    )
+    total = session.scalar(select(func.count()).select_from(Job).where(mine)) or 0
+    return list(rows), total
+
+
+def counts_by_state(session: Session) -> dict[str, int]:
+    rows = session.execute(select(Job.state, func.count()).group_by(Job.state))
+    counts = dict.fromkeys(STATES, 0)
+    counts.update({state: count for state, count in rows})
+    return counts
+
+
+def _move(
+    session: Session, job_id: str, to: State, *, attempt: int | None = None, **values: object
+) -> bool:
+    """Move a job to ``to`` only from a state that allows it (and, for a job process, only
+    while it runs the given attempt). True if this call made the move."""
+    allowed = [s for s, targets in TRANSITIONS.items() if to in targets]
+    where = [Job.id == job_id, Job.state.in_(allowed)]
+    if attempt is not None:
+        where += [Job.state == "running", Job.attempts == attempt]
+    now = utcnow()
+    if to in FINISHED:
+        values.setdefault("finished_at", now)
+    result = session.execute(update(Job).where(*where).values(state=to, updated_at=now, **values))
+    return result.rowcount == 1
+
+
+def claim_next(session: Session) -> Claim | None:
+    """Take the oldest queued job (FIFO); None if there is none or another claimer won it."""
+    oldest = (
+        select(Job.seq).where(Job.state == "queued").order_by(Job.seq).limit(1).scalar_subquery()
+    )
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(Job.seq == oldest, Job.state == "queued")
+        .values(
+            state="running",
+            attempts=Job.attempts + 1,
+            started_at=now,
+            updated_at=now,
+            stage="starting",
+            percent=0.0,
+            pid=None,
+        )
+        .returning(Job.id, Job.attempts)
+    )
+    row = result.first()
+    return None if row is None else Claim(row[0], row[1])
+
+
+def set_pid(session: Session, claim: Claim, pid: int) -> None:
+    session.execute(
+        update(Job)
+        .where(Job.id == claim.job_id, Job.attempts == claim.attempt, Job.state == "running")
+        .values(pid=pid)
+    )
+
+
+def progress(session: Session, claim: Claim, stage: str, percent: float) -> bool:
+    result = session.execute(
+        update(Job)
+        .where(Job.id == claim.job_id, Job.attempts == claim.attempt, Job.state == "running")
+        .values(
+            stage=stage[:200], percent=round(min(max(percent, 0.0), 100.0), 1), updated_at=utcnow()
+        )
+    )
+    return result.rowcount == 1
+
+
+def record_stages(session: Session, job_id: str, stages: Sequence[tuple[str, float]]) -> None:
+    session.add_all(JobStage(job_id=job_id, stage=s[:64], seconds=t) for s, t in stages)
+
+
+def succeed(session: Session, claim: Claim) -> bool:
+    return _move(
+        session,
+        claim.job_id,
+        "succeeded",
+        attempt=claim.attempt,
+        stage="done",
+        percent=100.0,
+        error=None,
+    )
+
+
+def fail(session: Session, claim: Claim, error: str) -> bool:
+    return _move(session, claim.job_id, "failed", attempt=claim.attempt, error=error[:2000])
+
+
+def requeue(session: Session, claim: Claim, *, count_attempt: bool = True) -> bool:
+    """Put a running job back at its place in the queue (a graceful shutdown does not count
+    the interrupted run as an attempt)."""
+    attempts = claim.attempt if count_attempt else claim.attempt - 1
+    return _move(
+        session,
+        claim.job_id,
+        "queued",
+        attempt=claim.attempt,
+        attempts=attempts,
+        stage=None,
+        percent=0.0,
+        pid=None,
+        started_at=None,
+    )
+
+
+def cancel(session: Session, job_id: str) -> bool:
+    """Cancel a queued or running job (a running job's process is then stopped by the queue)."""
+    return _move(session, job_id, "cancelled", error="cancelled by the client")
+
+
+def remove(session: Session, job_id: str) -> bool:
+    """Delete a finished job's record (its files are the store's to delete)."""
+    result = session.execute(delete(Job).where(Job.id == job_id, Job.state.in_(FINISHED)))
+    return result.rowcount == 1
+
+
+def running(session: Session) -> list[Job]:
+    return list(session.scalars(select(Job).where(Job.state == "running").order_by(Job.seq)))
+
+
+def state_of(session: Session, job_id: str) -> tuple[str, int] | None:
+    row = session.execute(select(Job.state, Job.attempts).where(Job.id == job_id)).first()
+    return None if row is None else (row[0], row[1])
+
+
+def recover(session: Session, max_attempts: int) -> tuple[list[str], list[str]]:
+    """At start-up, before any job runs: every job left running by a dead server is queued
+    again at its old place, or failed with the reason once it used its attempts.
+    Returns (requeued ids, failed ids)."""
+    requeued, failed = [], []
+    for job in running(session):
+        claim = Claim(job.id, job.attempts)
+        if job.attempts >= max_attempts:
+            fail(
+                session,
+                claim,
+                f"the server stopped while this job ran, {job.attempts} "
+                f"time(s) (the limit is {max_attempts}); submit it again",
+            )
+            failed.append(job.id)
+        else:
+            requeue(session, claim)
+            requeued.append(job.id)
+    return requeued, failed
+
+
+def queue_depth(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(Job).where(Job.state == "queued")) or 0
+
+
+def timestamps(job: Job) -> dict[str, datetime | None]:
+    return {
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "updated_at": job.updated_at,
+    }

@@ -1,0 +1,254 @@
+"""A conversion report as one self-contained HTML page: tables and inline SVG plots.
+
+The page loads nothing (no CDN, no script, no font or image from anywhere; its own
+Content-Security-Policy says so), so it reads the same offline or saved to disk. Plots are drawn
+with matplotlib's ``Figure`` directly (no pyplot, no GUI backend, no global state) and inlined as
+SVG. Every string that came from a report is escaped: model, layer and artifact names come from
+users' files.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Iterable
+
+from quant.report import Report, TargetReport
+from quant.summary import drift_rows, latency_rows
+
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+STATUS_TEXT = {"ok": "ok", "over_bar": "over the bar", "failed": "failed"}
+CSS = """
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d2330;
+background:#f6f7f9}main{max-width:1100px;margin:0 auto;padding:24px}
+h1{font-size:1.6em;margin:0 0 4px}
+h2{margin-top:1.8em;border-bottom:1px solid #d6dae1;padding-bottom:4px}h3{margin-bottom:.3em}
+table{border-collapse:collapse;margin:8px 0 16px;background:#fff;font-size:.92em}
+th,td{border:1px solid #d6dae1;padding:4px 9px;text-align:left;vertical-align:top;
+overflow-wrap:anywhere}
+th{background:#eef0f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.status-ok{color:#0a7a2f;font-weight:600}.status-over_bar{color:#a35a00;font-weight:600}
+.status-failed{color:#b3261e;font-weight:600}.error{color:#b3261e}
+figure{margin:12px 0 20px;background:#fff;border:1px solid #d6dae1;padding:8px}
+figure svg{max-width:100%;height:auto;display:block}figcaption{font-size:.9em;color:#555}
+dl{display:grid;grid-template-columns:max-content auto;gap:2px 14px}dt{font-weight:600}dd{margin:0}
+code{font-size:.9em;word-break:break-all}.muted{color:#666}
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def render_report_html(report: Report) -> str:
+    """The whole page for ``report``: summary, drift and latency tables, plots, failures."""
+    title = f"edge-un conversion: {report.model.name}"
+    body = [
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="muted">edge-un {_e(report.edge_un_version)}, report schema '
+        f"{_e(report.schema_version)}</p>",
+        _summary(report),
+        "<h2>Drift (int8 vs fp32, held-out data)</h2>",
+        _table(
+            ["target", "status", "top-1 fp32 → int8", "drop", "agreement", "cosine", "precision"],
+            drift_rows(report),
+            "drift",
+            status_column=1,
+        ),
+        "<h2>Latency</h2>",
+        '<p class="muted">Measured on the conversion machine, batch 1; Vela rows are the '
+        "compiler's estimate on the NPU.</p>",
+        _table(
+            ["target", "runtime", "artifact", "threads", "p50 ms", "p90 ms", "p99 ms"],
+            latency_rows(report),
+            "latency",
+            numeric=(3, 4, 5, 6),
+        ),
+        _failures(report),
+        "<h2>Plots</h2>",
+        *_plots(report),
+        "<h2>Targets</h2>",
+        *(_target_details(target) for target in report.targets.values()),
+    ]
+    if report.notes:
+        body += ["<h2>Notes</h2>", _list(report.notes)]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{CSS}</style></head>"
+        f"<body><main>{''.join(body)}</main></body></html>\n"
+    )
+
+
+def _summary(report: Report) -> str:
+    model, ref = report.model, report.reference
+    fold = report.fold if isinstance(report.fold, dict) else {}
+    norms = fold.get("norms") or []
+    top1 = "-" if ref.top1_fp32 is None else f"{100 * ref.top1_fp32:.2f} %"
+    parameters = "-" if model.parameters is None else f"{model.parameters:,}"
+    items = [
+        ("model", model.name),
+        ("source format", model.source_format),
+        ("parameters", parameters),
+        ("input", f"{list(model.input_shape)} {model.input_dtype} (one sample)"),
+        ("fp32 top-1", f"{top1} on {ref.samples:,} samples ({ref.eval_source})"),
+        ("calibration", f"{ref.calibration_samples:,} samples ({ref.calibration_source})"),
+        (
+            "bars",
+            f"top-1 drop ≤ {report.max_drift_pts} pt, agreement ≥ "
+            f"{100 * report.min_agreement:.0f} %",
+        ),
+        (
+            "norms",
+            f"{len(norms)} offline; fully integer-ready: "
+            f"{'yes' if fold.get('fully_integer') else 'no'}",
+        ),
+    ]
+    rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
+    return f'<dl id="summary">{rows}</dl>'
+
+
+def _table(
+    header: list[str],
+    rows: list[list[str]],
+    name: str,
+    *,
+    status_column: int | None = None,
+    numeric: Iterable[int] = (),
+) -> str:
+    numeric = set(numeric)
+    head = "".join(f'<th scope="col">{_e(h)}</th>' for h in header)
+    lines = []
+    for row in rows:
+        cells = []
+        for index, cell in enumerate(row):
+            if index == status_column:
+                text = STATUS_TEXT.get(cell, cell)
+                cells.append(f'<td class="status-{_e(cell)}">{_e(text)}</td>')
+            else:
+                cells.append(
+                    f'<td class="num">{_e(cell)}</td>'
+                    if index in numeric
+                    else f"<td>{_e(cell)}</td>"
+                )
+        lines.append(f"<tr>{''.join(cells)}</tr>")
+    if not lines:
+        lines.append(f'<tr><td colspan="{len(header)}" class="muted">none</td></tr>')
+    return (
+        f'<table id="{name}-table"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(lines)}</tbody></table>"
+    )
+
+
+def _failures(report: Report) -> str:
+    failed = [t for t in report.targets.values() if t.status == "failed"]
+    if not failed:
+        return ""
+    items = "".join(
+        f'<li><strong>{_e(t.name)}</strong> ({_e(t.board)}): <span class="error">'
+        f"{_e(t.error or 'failed without a message')}</span></li>"
+        for t in failed
+    )
+    return f'<h2>Failed targets</h2><ul id="failed-targets">{items}</ul>'
+
+
+def _list(items: Iterable[str]) -> str:
+    return "<ul>" + "".join(f"<li>{_e(item)}</li>" for item in items) + "</ul>"
+
+
+def _target_details(target: TargetReport) -> str:
+    parts = [
+        f'<section class="target" id="target-{_e(target.name)}">',
+        f"<h3>{_e(target.name)}: {_e(target.board)}</h3>",
+        f"<p>runtime: {_e(target.runtime)}; status: "
+        f'<span class="status-{_e(target.status)}">{_e(STATUS_TEXT.get(target.status, ""))}'
+        "</span></p>",
+        _list(target.rules),
+    ]
+    if target.error:
+        parts.append(f'<p class="error">error: {_e(target.error)}</p>')
+    if target.artifacts:
+        rows = [[a.name, a.format, f"{a.bytes:,}", a.sha256] for a in target.artifacts]
+        parts.append(
+            _table(
+                ["artifact", "format", "bytes", "sha256"], rows, f"{target.name}-art", numeric=(2,)
+            )
+        )
+    if target.pure_int8_drift is not None and target.drift is not None:
+        pure = target.pure_int8_drift
+        drop = "-" if pure.top1_drop_pts is None else f"{pure.top1_drop_pts:.1f} pt"
+        parts.append(
+            f"<p>pure int8 before the drift fallback: drop {_e(drop)}, agreement "
+            f"{100 * pure.agreement:.1f} %</p>"
+        )
+    steps = [
+        f"step {s.step}: {s.action} → drop "
+        f"{'-' if s.top1_drop_pts is None else f'{s.top1_drop_pts:.1f} pt'}, agreement "
+        f"{100 * s.agreement:.1f} %" + (f" (cost: {s.est_cost})" if s.est_cost else "")
+        for s in target.excluded
+    ]
+    if steps:
+        parts += ["<p>drift fallback:</p>", _list(steps)]
+    if target.vela is not None:
+        v = target.vela
+        parts.append(
+            f"<p>Vela {_e(v.accelerator)}, {_e(v.system_config)} / {_e(v.memory_mode)}: "
+            f"{v.npu_ops} ops on the NPU, {len(v.cpu_ops)} on the CPU; {v.cycles:,} cycles, "
+            f"{v.est_ms:.3f} ms, SRAM {v.sram_kib:.1f} KiB, DRAM {v.dram_kib:.1f} KiB</p>"
+        )
+    if target.fallback_ops:
+        parts += ["<p>ops off the accelerator:</p>", _list(target.fallback_ops)]
+    parts.append("</section>")
+    return "".join(parts)
+
+
+# -- plots -----------------------------------------------------------------------------------
+
+
+def _plots(report: Report) -> list[str]:
+    from . import report_plots
+
+    figures = []
+    for target in report.targets.values():
+        if target.drift is not None and target.drift.worst_layers:
+            svg = report_plots.sqnr_svg(target)
+            figures.append(
+                _figure(
+                    f"sqnr-{target.name}",
+                    svg,
+                    f"{target.name}: worst layers by SQNR (int8 vs fp32, dB; higher is better)",
+                )
+            )
+    svg = report_plots.latency_svg(report)
+    if svg:
+        figures.append(
+            _figure(
+                "latency",
+                svg,
+                "Latency per target and runtime (p50 bar, p90 and "
+                "p99 marks; Vela: estimated on the NPU)",
+            )
+        )
+    svg = report_plots.vela_svg(report)
+    if svg:
+        figures.append(_figure("vela", svg, "Vela: ops on the NPU and ops left to the CPU"))
+    return figures or ['<p class="muted">No plots: no target produced measurements.</p>']
+
+
+def _figure(name: str, svg: str, caption: str) -> str:
+    return (
+        f'<figure id="plot-{_e(name)}" class="plot">{_inline_svg(svg, name)}'
+        f"<figcaption>{_e(caption)}</figcaption></figure>"
+    )
+
+
+_ID_REFERENCES = re.compile(r'(\bid="|url\(#|xlink:href="#|\bhref="#)')
+
+
+def _inline_svg(svg: str, prefix: str) -> str:
+    """matplotlib's SVG document as an element of this page: no XML prolog or DOCTYPE, and ids
+    made unique per plot (two plots would otherwise share glyph and clip-path ids)."""
+    start = svg.index("<svg")
+    tag = re.sub(r"[^A-Za-z0-9_-]", "_", prefix)
+    return _ID_REFERENCES.sub(lambda m: f"{m.group(1)}{tag}-", svg[start:])

@@ -1,0 +1,59 @@
+"""Settings of the HTTP service and its job processes, from the environment (prefix EDGE_UN_).
+
+``edge-un serve`` and ``edge-un token ...`` read the same settings, so a token created with the
+same ``EDGE_UN_DATA_DIR`` (or ``EDGE_UN_DATABASE_URL``) is valid against that server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything the service reads from its environment; every field is ``EDGE_UN_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="EDGE_UN_", extra="ignore")
+
+    data_dir: Path = Path("./edge-un-data")
+    database_url: str | None = None  # default sqlite:///{data_dir}/edge-un.db
+    max_upload_mb: float = Field(200, gt=0)
+    workers: int = Field(1, ge=1)  # concurrent conversion processes
+    job_timeout_s: float = Field(1800, gt=0)
+    job_memory_mb: int = Field(6144, ge=0)  # address-space limit of a job process; 0 = none
+    max_attempts: int = Field(2, ge=1)  # runs of a job interrupted by a server crash
+    auth: Literal["tokens", "none"] = "tokens"
+    latency_runs: int = Field(100, ge=1)  # passed to quant.convert
+    # Beyond the shared design: knobs the tests and small machines need.
+    job_threads: int | None = Field(None, ge=1)  # torch/ORT threads per job; None = default
+    progress_interval_s: float = Field(0.5, ge=0)  # least time between progress writes
+    poll_interval_s: float = Field(0.5, gt=0)  # dispatcher tick when nothing wakes it
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.data_dir.resolve() / 'edge-un.db'}"
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return int(self.max_upload_mb * 1024 * 1024)
+
+    def as_environ(self) -> dict[str, str]:
+        """These settings as EDGE_UN_* variables, for a job process to read back exactly."""
+        environ = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            if name == "data_dir":
+                value = Path(value).resolve()
+            environ[f"EDGE_UN_{name.upper()}"] = str(value)
+        return environ
+
+
+def get_settings() -> Settings:
+    """The settings the environment gives (read anew each call: tests change the environment)."""
+    return Settings()

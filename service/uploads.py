@@ -1,0 +1,120 @@
+"""Uploads: streamed to disk under a size limit; the client's file name is only a label.
+
+Nothing here trusts the client: the bytes go to a server-chosen path (``dest``) chunk by chunk,
+never held whole in memory, and the upload stops at the first chunk past the limit. The client's
+file name is kept only to show it back (in job listings and reports), after refusing anything
+that could be mistaken for a path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import unicodedata
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+MAX_LABEL_CHARS = 255  # a file name on every common file system
+MIB = 1024 * 1024
+LIMIT_SETTING = "EDGE_UN_MAX_UPLOAD_MB"
+# Bidirectional overrides and isolates: a name displayed as "model.onnx" that is not.
+_BIDI_CONTROLS = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
+class UploadRejected(Exception):
+    """A client error in an upload: the HTTP status, a short title and a detail that says what
+    was wrong and what to do (the three fields of an RFC 9457 problem)."""
+
+    def __init__(self, status: int, title: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.title = title
+        self.detail = detail
+
+    def __repr__(self) -> str:
+        return f"UploadRejected({self.status}, {self.title!r}, {self.detail!r})"
+
+
+def max_upload_bytes(max_upload_mb: float) -> int:
+    """The byte limit for ``Settings.max_upload_mb`` (MiB, as the size message reports it)."""
+    return int(max_upload_mb * MIB)
+
+
+def safe_label(filename: str | None, field: str) -> str:
+    """The client's file name for ``field`` as a display label; 400 for a name that is a path.
+
+    A missing name becomes the field's name. Names are never used to build paths, but one with a
+    separator, "..", NUL or control characters is an attempt (or a broken client) and is refused
+    rather than silently cleaned, so the client learns what happened.
+    """
+    if filename is None or filename == "":
+        return field
+    problem = _label_problem(filename)
+    if problem:
+        raise UploadRejected(
+            400,
+            "Bad file name",
+            f"the file name of the {field!r} upload {_show(filename)} {problem}; send a plain "
+            "file name such as model.safetensors (it is only a label: the server names files)",
+        )
+    return unicodedata.normalize("NFC", filename)
+
+
+def _label_problem(name: str) -> str | None:
+    if "/" in name or "\\" in name:
+        return "contains a path separator"
+    if ".." in name:
+        return "contains '..'"
+    if "\x00" in name:
+        return "contains a NUL character"
+    if any(unicodedata.category(c) == "Cc" or c in _BIDI_CONTROLS for c in name):
+        return "contains control characters"
+    if name.strip() in ("", "."):
+        return "is blank"
+    if len(name) > MAX_LABEL_CHARS:
+        return f"is longer than {MAX_LABEL_CHARS} characters"
+    return None
+
+
+def _show(name: str) -> str:
+    """The name quoted, with control characters escaped and long names cut, for messages."""
+    shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in name)
+    return f"'{shown}'" if len(shown) <= 80 else f"'{shown[:77]}...'"
+
+
+async def save_upload(chunks: AsyncIterator[bytes], dest: Path, max_bytes: int, field: str) -> int:
+    """Stream ``chunks`` into ``dest`` (its parent exists) and return the byte count.
+
+    Over ``max_bytes``: 413 and the partial file is removed. Nothing received: 400. Any other
+    failure (a client that disconnects mid-upload) also removes the partial file, then re-raises.
+    Writes are plain blocking writes of one chunk each: small, to a local file, which costs the
+    event loop less than a thread hand-off per chunk.
+    """
+    total = 0
+    stream = dest.open("xb")  # "x": never overwrite (or, below, remove) a file already there
+    try:
+        with stream:
+            async for chunk in chunks:
+                total += len(chunk)
+                if total > max_bytes:
+                    raise UploadRejected(
+                        413,
+                        "Upload too large",
+                        f"the {field!r} upload is larger than the limit of "
+                        f"{_megabytes(max_bytes)} MB; send a smaller file, or raise the limit "
+                        f"with the server setting {LIMIT_SETTING}",
+                    )
+                stream.write(chunk)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            dest.unlink()
+        raise
+    if total == 0:
+        dest.unlink()
+        raise UploadRejected(
+            400, "Empty upload", f"the {field!r} upload is empty (0 bytes); send the file itself"
+        )
+    return total
+
+
+def _megabytes(max_bytes: int) -> str:
+    return f"{max_bytes / MIB:.6g}"

@@ -1,0 +1,188 @@
+"""A real edge-un server for the service tests: a uvicorn subprocess on a free 127.0.0.1 port,
+its own data directory, real job processes. Not a test module (no test_ prefix)."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from service import tokens
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+# Fast conversions on a shared 2-core machine: few latency runs, one thread per job.
+FAST = {
+    "EDGE_UN_LATENCY_RUNS": "3",
+    "EDGE_UN_JOB_THREADS": "1",
+    "EDGE_UN_POLL_INTERVAL_S": "0.2",
+    "EDGE_UN_PROGRESS_INTERVAL_S": "0.2",
+}
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LiveServer:
+    """``python -m service.server`` with settings from EDGE_UN_* variables."""
+
+    def __init__(self, data_dir: Path, **env: str) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**FAST, **env}
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}-server.log"
+
+    @property
+    def settings(self) -> Settings:
+        values = {k[len("EDGE_UN_") :].lower(): v for k, v in self.env.items()}
+        return Settings(data_dir=self.data_dir, **values)
+
+    def start(self, timeout: float = 90) -> LiveServer:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_UN_")}
+        env.update(self.env, EDGE_UN_DATA_DIR=str(self.data_dir), PYTHONUNBUFFERED="1")
+        command = [sys.executable, "-m", "service.server", "--host", "127.0.0.1",
+                   "--port", str(self.port)]  # fmt: skip
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited ({self.process.returncode}):\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        """kill -9: no shutdown of any kind."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def token(self, name: str = "test") -> str:
+        return tokens.create_token(self.settings, name)[1]
+
+    def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=120, **kwargs)
+
+
+def upload(
+    client: httpx.Client, model: Path, *, targets: str = "cpu", **extra: Any
+) -> httpx.Response:
+    data = {"targets": targets, **{k: str(v) for k, v in extra.items()}}
+    with model.open("rb") as stream:
+        return client.post("/v1/conversions", files={"model": (model.name, stream)}, data=data)
+
+
+def wait_for(
+    client: httpx.Client,
+    job_id: str,
+    states: tuple[str, ...] = FINISHED,
+    timeout: float = 240,
+    stage_not_in: tuple[str | None, ...] = (),
+) -> dict[str, Any]:
+    """Poll a job until its state is one of ``states`` (and, if asked, its stage is past)."""
+    deadline = time.monotonic() + timeout
+    job: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/conversions/{job_id}").json()
+        if job["state"] in states and job["stage"] not in stage_not_in:
+            return job
+        if job["state"] in FINISHED and job["state"] not in states:
+            raise AssertionError(f"job ended {job['state']}, waited for {states}: {job}")
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} not {states} after {timeout} s: {job}")
+
+
+def job_processes(server: LiveServer, job_id: str) -> list[int]:
+    """The live job process running ``job_id`` (its pid as the queue recorded it), if any."""
+    import psutil
+    from sqlalchemy import select
+
+    from service.db import Job, session_scope
+
+    with session_scope(server.settings) as session:
+        pid = session.scalar(select(Job.pid).where(Job.id == job_id))
+    try:
+        alive = pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        alive = False
+    return [pid] if alive else []
+
+
+def is_problem(response: httpx.Response, status: int) -> dict[str, Any]:
+    """Assert an RFC 9457 problem with this status; return its body."""
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"].startswith("application/problem+json"), response.headers
+    body = response.json()
+    assert body["status"] == status and body["title"] and body["detail"], body
+    return body
+
+
+@functools.cache
+def fast_job_files() -> dict[str, Path]:
+    """A quick conversion's inputs: the UN ViT example as a folded fp32 ONNX file (no torch
+    export in the job), 32 calibration and 100 evaluation samples of its own data set."""
+    import numpy as np
+    import torch
+
+    from converters.pipeline import export_folded, load_and_fold
+    from edge_un import examples, load_checkpoint
+    from quant.data import checkpoint_samples
+
+    torch.set_num_threads(1)
+    folder = Path(tempfile.mkdtemp(prefix="edge-un-fast-job-"))
+    atexit.register(shutil.rmtree, folder, True)
+    source = examples.path("vit-mnist-un")
+    export_folded(load_and_fold(source), folder / "vit.onnx", opset=21, dynamic_batch=True)
+    _, info = load_checkpoint(source)
+    train, test = checkpoint_samples(info, "train", 32), checkpoint_samples(info, "test")
+    np.savez(folder / "calib.npz", inputs=train.inputs, labels=train.labels)
+    np.savez(folder / "eval.npz", inputs=test.inputs[:100], labels=test.labels[:100])
+    return {
+        "model": folder / "vit.onnx",
+        "calib": folder / "calib.npz",
+        "eval": folder / "eval.npz",
+    }
+
+
+def upload_fast(client: httpx.Client, *, targets: str = "cpu") -> httpx.Response:
+    files = fast_job_files()
+    with contextlib.ExitStack() as stack:
+        parts = {k: (p.name, stack.enter_context(p.open("rb"))) for k, p in files.items()}
+        return client.post("/v1/conversions", files=parts, data={"targets": targets})

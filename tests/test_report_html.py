@@ -1,0 +1,187 @@
+"""report.html: one self-contained page, rendered in real headless Chromium.
+
+A real report (the UN ViT example converted for cpu and imx93) is rendered and opened through
+a local HTTP server in the system's Chromium (selenium, the system chromedriver; selenium's
+driver download never runs): a row per target in the tables, every plot drawn with a size, no
+console errors and no request beyond the page itself. Under CI=true a missing browser fails.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+
+from quant.report import Report
+from service.report_html import render_report_html
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+HOSTILE = '<img src="http://evil.example/x.png" onerror="alert(1)">$x$</td>'
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    from edge_un import examples
+    from quant.pipeline import convert
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = tmp_path_factory.mktemp("report")
+        return convert(examples.path("vit-mnist-un"), targets="cpu,imx93", out_dir=out,
+                       latency_runs=10)  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+
+
+def hostile_variant(report: Report) -> Report:
+    """The same report with a user-chosen hostile model name, layer name and a failed target."""
+    cpu = report.targets["cpu"]
+    assert cpu.drift is not None
+    layers = [cpu.drift.worst_layers[0].model_copy(update={"name": HOSTILE}),
+              *cpu.drift.worst_layers[1:]]  # fmt: skip
+    drift = cpu.drift.model_copy(update={"worst_layers": layers})
+    failed = cpu.model_copy(update={
+        "name": "tda4vm", "status": "failed", "error": f"converter crashed on {HOSTILE}",
+        "drift": None, "latency": [], "artifacts": [], "vela": None,
+    })  # fmt: skip
+    targets = {**report.targets, "cpu": cpu.model_copy(update={"drift": drift}), "tda4vm": failed}
+    model = report.model.model_copy(update={"name": HOSTILE})
+    return report.model_copy(update={"model": model, "targets": targets})
+
+
+class _Pages(BaseHTTPRequestHandler):
+    pages: ClassVar[dict[str, bytes]] = {}
+    requests: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        type(self).requests.append(self.path)
+        body = self.pages.get(self.path)
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, type[_Pages]]]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", _Pages
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not (Path(p).is_file() and
+                                                          os.access(p, os.X_OK))]  # fmt: skip
+    if missing:
+        reason = f"{', '.join(missing)} missing: apt-get install chromium chromium-driver"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and {reason}")
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    arguments = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1280,2000", "--no-first-run", "--disable-extensions"]  # fmt: skip
+    for argument in arguments:
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # The driver path given: selenium skips Selenium Manager (which would download a driver).
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def open_page(browser, server, name: str, page: str) -> list[dict]:
+    """Load ``page`` over HTTP; the browser's log entries for it."""
+    base, pages = server
+    pages.pages[f"/{name}"] = page.encode()
+    pages.requests.clear()
+    browser.get_log("browser")  # drop earlier entries
+    browser.get(f"{base}/{name}")
+    return browser.get_log("browser")
+
+
+def svg_sizes(browser) -> dict[str, tuple[float, float]]:
+    return browser.execute_script(
+        "const out = {};"
+        "for (const f of document.querySelectorAll('figure.plot')) {"
+        "  const s = f.querySelector('svg'); const r = s ? s.getBoundingClientRect() : null;"
+        "  out[f.id] = r ? [r.width, r.height] : [0, 0]; }"
+        "return out;"
+    )
+
+
+def column(browser, table: str, index: int) -> list[str]:
+    return browser.execute_script(
+        f"return [...document.querySelectorAll('#{table}-table tbody tr')]"
+        f".map(r => r.cells[{index}].textContent);"
+    )
+
+
+def test_report_page_renders_in_chromium(browser, server, report: Report) -> None:
+    page = render_report_html(report)
+    logs = open_page(browser, server, "report.html", page)
+    assert [entry for entry in logs if entry["level"] == "SEVERE"] == []
+    assert server[1].requests == ["/report.html"], "the page made requests of its own"
+    assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
+    assert column(browser, "drift", 0) == list(report.targets)
+    assert column(browser, "drift", 1) == ["ok" if t.status == "ok" else "over the bar"
+                                           for t in report.targets.values()]  # fmt: skip
+    latency_rows = column(browser, "latency", 0)
+    assert sorted(set(latency_rows)) == sorted(report.targets)
+    expected = sum(len(t.latency) + (t.vela is not None) for t in report.targets.values())
+    assert len(latency_rows) == expected
+    runtimes = set(column(browser, "latency", 1))
+    assert {"onnxruntime", "litert"} <= runtimes and any(r.startswith("Vela") for r in runtimes)
+    sizes = svg_sizes(browser)
+    assert set(sizes) == {"plot-sqnr-cpu", "plot-sqnr-imx93", "plot-latency", "plot-vela"}
+    assert all(width > 100 and height > 50 for width, height in sizes.values()), sizes
+    assert (
+        browser.execute_script("return document.title")
+        == f"edge-un conversion: {report.model.name}"
+    )
+
+
+def test_hostile_names_stay_text_in_chromium(browser, server, report: Report) -> None:
+    hostile = hostile_variant(report)
+    logs = open_page(browser, server, "hostile.html", render_report_html(hostile))
+    assert [entry for entry in logs if entry["level"] == "SEVERE"] == []
+    assert server[1].requests == ["/hostile.html"]
+    assert browser.execute_script("return document.querySelectorAll('img').length") == 0
+    assert browser.execute_script("return document.querySelector('h1').textContent") == (
+        f"edge-un conversion: {HOSTILE}"
+    )
+    failed = browser.execute_script("return document.querySelector('#failed-targets').textContent")
+    assert "tda4vm" in failed and f"converter crashed on {HOSTILE}" in failed
+    assert column(browser, "drift", 0) == ["cpu", "imx93", "tda4vm"]
+    assert len(svg_sizes(browser)) == 4  # no plot for a target without measurements
+
+
+def test_page_is_self_contained(report: Report) -> None:
+    page = render_report_html(hostile_variant(report))
+    attributes = re.findall(r'\b(?:src|href|xlink:href|action)\s*=\s*"([^"]*)"', page)
+    assert all(value.startswith(("#", "data:")) for value in attributes), attributes
+    assert not re.search(r"url\((?!#)", page), "a CSS url() that is not a local reference"
+    assert "<script" not in page and "@import" not in page
+    assert "Content-Security-Policy" in page
+    assert html.escape(HOSTILE) in page and HOSTILE not in page

@@ -1,0 +1,192 @@
+"""End to end over HTTP against a real server: upload the bundled UN ViT, poll, read the report,
+download and verify every artifact, and run the int8 ONNX file with ONNX Runtime; cancelling,
+listing and deleting; tokens (isolation, 401s, revocation); metrics."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import time
+import zipfile
+
+import numpy as np
+import pytest
+
+from edge_un import examples
+from service import tokens
+
+from .service_live import LiveServer, is_problem, job_processes, upload, wait_for
+
+MODEL = examples.path("vit-mnist-un")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    live = LiveServer(tmp_path_factory.mktemp("e2e") / "data", EDGE_UN_WORKERS="1").start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def token(server) -> str:
+    return server.token("alice")
+
+
+@pytest.fixture(scope="module")
+def finished(server, token) -> dict:
+    """One succeeded conversion, shared by the tests that read it."""
+    with server.client(token) as client:
+        response = upload(client, MODEL, targets="cpu")
+        assert response.status_code == 202, response.text
+        job = response.json()
+        assert response.headers["location"].endswith(f"/v1/conversions/{job['id']}")
+        assert job["state"] == "queued" and job["inputs"]["model"] == MODEL.name
+        return wait_for(client, job["id"], ("succeeded",))
+
+
+def test_end_to_end_artifacts_verify_and_run(server, token, finished):
+    import onnxruntime as ort
+
+    from edge_un import load_checkpoint
+    from quant.data import checkpoint_samples
+
+    job_id = finished["id"]
+    assert finished["percent"] == 100 and finished["error"] is None
+    assert finished["started_at"] <= finished["finished_at"]
+    with server.client(token) as client:
+        report = client.get(f"/v1/conversions/{job_id}/report").json()
+        assert report["schema_version"] == "1.0" and report["targets"]["cpu"]["status"] == "ok"
+        page = client.get(f"/v1/conversions/{job_id}/report.html")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "<svg" in page.text and "cpu" in page.text
+
+        listing = client.get(f"/v1/conversions/{job_id}/artifacts").json()
+        names = {a["name"] for a in listing}
+        reported = {a["name"]: a["sha256"] for a in report["targets"]["cpu"]["artifacts"]}
+        assert set(reported) <= names and {"report.json", "report.md"} <= names
+        files = {}
+        for artifact in listing:
+            response = client.get(f"/v1/conversions/{job_id}/artifacts/{artifact['name']}")
+            assert response.status_code == 200
+            body = response.content
+            digest = hashlib.sha256(body).digest()
+            assert len(body) == artifact["bytes"]
+            assert (
+                digest.hex() == artifact["sha256"] == reported.get(artifact["name"], digest.hex())
+            )
+            assert (
+                response.headers["repr-digest"] == f"sha-256=:{base64.b64encode(digest).decode()}:"
+            )
+            assert response.headers["etag"] == f'"{artifact["sha256"]}"'
+            again = client.get(response.url, headers={"If-None-Match": response.headers["etag"]})
+            assert again.status_code == 304
+            files[artifact["name"]] = body
+
+        bundle = client.get(f"/v1/conversions/{job_id}/bundle.zip")
+        assert bundle.status_code == 200 and bundle.headers["content-type"] == "application/zip"
+        with zipfile.ZipFile(io.BytesIO(bundle.content)) as archive:
+            inside = {n.split("/", 1)[1]: archive.read(n) for n in archive.namelist()}
+        assert inside == files
+        assert json.loads(files["report.json"]) == report
+
+    # The downloaded int8 file on the checkpoint's test split gives the top-1 the report states.
+    drift = report["targets"]["cpu"]["drift"]
+    session = ort.InferenceSession(files[drift["artifact"]], providers=["CPUExecutionProvider"])
+    _, info = load_checkpoint(MODEL)
+    test = checkpoint_samples(info, "test")
+    assert len(test) == report["reference"]["samples"] == drift["samples"]
+    logits = session.run(None, {session.get_inputs()[0].name: test.inputs})[0]
+    top1 = float((logits.argmax(-1) == test.labels).mean())
+    assert abs(top1 - drift["top1_int8"]) <= 1 / len(test), (top1, drift["top1_int8"])
+    assert np.isfinite(logits).all()
+
+
+def test_metrics_count_jobs_stages_and_uploads(server, token, finished):
+    text = server.client().get("/metrics").text
+    assert 'edge_un_jobs{state="succeeded"}' in text
+    assert "edge_un_queue_depth" in text
+    assert 'edge_un_stage_duration_seconds_count{stage="quantize"}' in text
+    model_bytes = MODEL.stat().st_size
+    line = next(
+        x for x in text.splitlines() if x.startswith('edge_un_upload_bytes_total{field="model"}')
+    )
+    assert float(line.split()[-1]) >= model_bytes
+
+
+def test_other_tokens_see_nothing(server, token, finished):
+    job = f"/v1/conversions/{finished['id']}"
+    with server.client(server.token("bob")) as bob:
+        for path in (job, f"{job}/report", f"{job}/report.html", f"{job}/artifacts",
+                     f"{job}/artifacts/report.json", f"{job}/bundle.zip"):  # fmt: skip
+            is_problem(bob.get(path), 404)
+        is_problem(bob.delete(job), 404)
+        assert bob.get("/v1/conversions").json()["total"] == 0
+    with server.client(token) as alice:  # still there for its owner
+        assert alice.get(job).json()["state"] == "succeeded"
+
+
+def test_every_v1_route_needs_a_valid_token(server, token, finished):
+    job_id = finished["id"]
+    spec = server.client().get("/openapi.json").json()
+    routes = [(method, path) for path, item in spec["paths"].items() if path.startswith("/v1")
+              for method in item]  # fmt: skip
+    assert len(routes) >= 9
+    revoked_info, revoked = tokens.create_token(server.settings, "revoked")
+    tokens.revoke_token(server.settings, revoked_info.id)
+    for credentials in (None, "not-a-token", "eun_" + "x" * 43, revoked):
+        with server.client(credentials) as client:
+            for method, path in routes:
+                url = path.replace("{job_id}", job_id).replace("{name}", "report.json")
+                body = is_problem(client.request(method.upper(), url), 401)
+                assert "token" in body["detail"]
+                assert client.request(method.upper(), url).headers["www-authenticate"]
+    with server.client(token) as client:  # the job was not touched by any of it
+        assert client.get(f"/v1/conversions/{job_id}").json()["state"] == "succeeded"
+    # tokens are stored hashed: the secret appears nowhere in the database file
+    assert token.encode() not in (server.data_dir / "edge-un.db").read_bytes()
+
+
+def test_cancel_list_and_delete(server, token, finished):
+    with server.client(token) as client:
+        ids = [upload(client, MODEL, targets="cpu").json()["id"] for _ in range(3)]
+        running, queued, last = ids
+        # the queued one is cancelled before it starts (workers=1: it waits for `running`)
+        cancelled = client.delete(f"/v1/conversions/{queued}")
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+        # the running one: its process is stopped, and the queue moves on
+        wait_for(client, running, ("running",), stage_not_in=("starting", None))
+        pids = job_processes(server, running)
+        assert pids
+        assert client.delete(f"/v1/conversions/{running}").json()["state"] == "cancelled"
+        deadline = time.monotonic() + 30
+        while job_processes(server, running) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not job_processes(server, running)
+        wait_for(client, last, ("running",))
+        client.delete(f"/v1/conversions/{last}")
+        for job_id in ids:
+            job = client.get(f"/v1/conversions/{job_id}").json()
+            assert job["state"] == "cancelled" and job["error"] == "cancelled by the client"
+            is_problem(client.get(f"/v1/conversions/{job_id}/artifacts"), 409)
+        deadline = time.monotonic() + 10  # the queue cleans up after a stopped process
+        while (server.data_dir / "uploads" / last).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert list((server.data_dir / "uploads").iterdir()) == []
+        assert list((server.data_dir / "artifacts" / ".staging").iterdir()) == []
+
+        # newest first, paginated
+        listing = client.get("/v1/conversions", params={"limit": 2}).json()
+        assert listing["total"] == 4
+        assert [j["id"] for j in listing["items"]] == [last, queued]
+        rest = client.get(listing["next"]).json()
+        assert [j["id"] for j in rest["items"]] == [running, finished["id"]]
+        assert rest["next"] is None
+
+        # deleting a finished job removes it and its files
+        assert client.delete(f"/v1/conversions/{queued}").status_code == 204
+        assert client.delete(f"/v1/conversions/{finished['id']}").status_code == 204
+        is_problem(client.get(f"/v1/conversions/{finished['id']}"), 404)
+        assert not (server.data_dir / "artifacts" / finished["id"]).exists()
+        assert client.get("/v1/conversions").json()["total"] == 2

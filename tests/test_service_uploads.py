@@ -1,0 +1,286 @@
+"""Upload handling of the service: streaming with a limit, file-name labels, content checks.
+
+Every case of the bad-upload corpus (``tests/upload_corpus.py``) goes through the same steps a
+route takes (label, stream to disk, inspect config, model, data; parse targets) and must stop
+with its status and message; good uploads of every format pass. The HTTP tests replay the
+same corpus against a real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edge_un import examples
+from quant.errors import UnknownTargetError
+from quant.targets import parse_targets
+from service.inspect import MAX_PARAMETERS, implied_parameters, inspect_model, inspect_npz
+from service.inspect import inspect_config as read_config
+from service.uploads import UploadRejected, safe_label, save_upload
+
+from .upload_corpus import (
+    CASE_NAMES,
+    GOOD_MODEL,
+    UploadCase,
+    bad_cases,
+    example_config,
+    forged_config,
+    good_calib,
+    good_cases,
+    npz_bytes,
+    tiny_onnx,
+)
+
+LIMIT = 4 << 20  # every good example fits
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> list[UploadCase]:
+    return bad_cases(tmp_path_factory.mktemp("uploads"), LIMIT)
+
+
+async def _chunks(path: Path, size: int = 64 << 10) -> AsyncIterator[bytes]:
+    with path.open("rb") as stream:
+        while block := stream.read(size):
+            yield block
+
+
+def submit(case: UploadCase, workdir: Path) -> tuple[int, str]:
+    """What a route does with an upload: (202, "") if accepted, else (status, detail)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        saved = {}
+        for field, (name, source) in case.files.items():
+            safe_label(name, field)
+            dest = workdir / field  # server-chosen names
+            asyncio.run(save_upload(_chunks(source), dest, LIMIT, field))
+            saved[field] = dest
+        parse_targets(case.form.get("targets"))
+        config = read_config(saved["config"]) if "config" in saved else None
+        inspect_model(saved["model"], config)
+        for field in ("calib", "eval"):
+            if field in saved:
+                inspect_npz(saved[field], field)  # type: ignore[arg-type]
+    except UploadRejected as error:
+        return error.status, error.detail
+    except UnknownTargetError as error:
+        return 422, str(error)
+    return 202, ""
+
+
+def test_corpus_covers_the_issue(corpus: list[UploadCase]) -> None:
+    assert [case.name for case in corpus] == list(CASE_NAMES)
+    required = {
+        "pickle-payload-torch-zip", "truncated-safetensors", "config-mismatch",
+        "forged-config-1e9-parameters", "layernorm-model", "nan-weights", "oversize",
+        "empty-model", "zip-bomb-model", "non-zip-pt2", "malformed-npz", "pickled-npz",
+        "path-traversal-name", "unknown-target", "unknown-content",
+    }  # fmt: skip
+    assert required <= set(CASE_NAMES)
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_bad_upload_is_refused_with_its_message(
+    corpus: list[UploadCase], name: str, tmp_path: Path
+) -> None:
+    case = next(case for case in corpus if case.name == name)
+    status, detail = submit(case, tmp_path)
+    assert (status, case.fragment in detail.lower()) == (case.status, True), (case.name, detail)
+    assert len(detail.splitlines()) == 1 and len(detail) < 600, detail
+    if case.marker is not None:
+        assert not case.marker.exists(), "the pickle payload ran"
+    if status == 413:
+        assert not (tmp_path / "model").exists(), "the partial upload was left on disk"
+
+
+def test_payloads_are_live(corpus: list[UploadCase], tmp_path: Path) -> None:
+    """The corpus' pickles really run code when unpickled unsafely (so the tests above could
+    fail): load each in a child process the unsafe way and see the marker appear."""
+    for case in corpus:
+        if not case.name.startswith("pickle-payload"):
+            continue
+        assert case.marker is not None
+        source = case.files["model"][1]
+        loader = (
+            f"import torch; torch.load({str(source)!r}, weights_only=False)"
+            if case.name.endswith("torch-zip")
+            else f"import pickle; pickle.load(open({str(source)!r}, 'rb'))"
+        )
+        subprocess.run([sys.executable, "-c", loader], check=False, capture_output=True)
+        assert case.marker.exists(), f"{case.name}: the payload did not run when unpickled"
+        case.marker.unlink()
+
+
+def test_forged_config_is_refused_before_building(tmp_path: Path) -> None:
+    config = forged_config(1e9)
+    implied = implied_parameters(config)
+    assert implied is not None and 0.9e9 < implied < 1.2e9
+    started = time.perf_counter()
+    with pytest.raises(UploadRejected, match=r"over the service limit of 50,000,000") as caught:
+        inspect_model(examples.path(GOOD_MODEL), config)
+    assert caught.value.status == 422
+    assert time.perf_counter() - started < 2.0
+
+
+def test_implied_parameters_bound_the_real_count() -> None:
+    """The estimate is a lower bound close to the truth, so the limit is about real size."""
+    for name in ("vit-mnist-un", "text-rt-un"):
+        upload = inspect_model(examples.path(name), None)
+        implied = implied_parameters(example_config(name))
+        assert upload.parameters is not None and implied is not None
+        assert 0.9 * upload.parameters <= implied <= upload.parameters, name
+    assert MAX_PARAMETERS == 50_000_000
+
+
+@pytest.mark.parametrize("name", [n for n in examples.names() if not n.endswith("-ln")])
+def test_bundled_un_examples_pass(name: str) -> None:
+    upload = inspect_model(examples.path(name), None)
+    assert (upload.format, upload.norm) == ("safetensors", "un")
+    assert upload.parameters and upload.parameters > 100_000
+
+
+def test_good_cases_pass(tmp_path: Path) -> None:
+    for case in good_cases(tmp_path):
+        assert submit(case, tmp_path / case.name) == (202, ""), case.name
+
+
+def test_state_dict_with_config_passes(tmp_path: Path) -> None:
+    pt = tmp_path / "sd"
+    torch.save({"state_dict": dict(torch.load(_example_pt(tmp_path), weights_only=True))}, pt)
+    config = tmp_path / "config"
+    config.write_text(json.dumps(example_config()))
+    upload = inspect_model(pt, read_config(config))
+    assert (upload.format, upload.norm) == ("pt", "un")
+
+
+def _example_pt(tmp_path: Path) -> Path:
+    from .upload_corpus import state_dict_pt
+
+    return state_dict_pt(tmp_path / "example.pt")
+
+
+def test_exported_onnx_passes(tmp_path: Path) -> None:
+    from converters.pipeline import export_folded, load_and_fold
+
+    path = tmp_path / "exported"  # no suffix: the format comes from the content
+    export_folded(load_and_fold(examples.path(GOOD_MODEL)), path)
+    assert inspect_model(path, None).format == "onnx"
+    assert inspect_model(tiny_onnx(tmp_path / "tiny"), None).format == "onnx"
+
+
+def test_torch_export_program_passes(tmp_path: Path) -> None:
+    from edge_un import load_checkpoint
+
+    model, _ = load_checkpoint(examples.path(GOOD_MODEL))
+    program = torch.export.export(model, (torch.randn(2, 1, 28, 28),))
+    path = tmp_path / "program"
+    torch.export.save(program, path)
+    upload = inspect_model(path, None)
+    assert upload.format == "pt2" and upload.parameters == sum(
+        p.numel() for p in model.parameters()
+    )
+    with pytest.raises(UploadRejected, match="without a 'config'"):
+        inspect_model(path, example_config())
+
+
+def test_real_npz_passes(tmp_path: Path) -> None:
+    inspect_npz(good_calib(tmp_path / "calib", count=16), "calib")
+    ids = np.random.default_rng(0).integers(1, 8000, (120, 48))
+    (tmp_path / "eval").write_bytes(npz_bytes(inputs=ids, labels=np.zeros(120, np.int64)))
+    inspect_npz(tmp_path / "eval", "eval")
+    with pytest.raises(UploadRejected, match="at least 100 needed"):
+        inspect_npz(good_calib(tmp_path / "few", count=50), "eval")
+
+
+def test_save_upload_streams_and_counts(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.write_bytes(os.urandom(300_000))
+    count = asyncio.run(save_upload(_chunks(source, 4096), tmp_path / "dest", 300_000, "model"))
+    assert count == 300_000 and (tmp_path / "dest").read_bytes() == source.read_bytes()
+    with pytest.raises(UploadRejected, match=r"limit of 0\.25 MB.*EDGE_UN_MAX_UPLOAD_MB") as big:
+        asyncio.run(save_upload(_chunks(source), tmp_path / "big", 1 << 18, "model"))
+    assert big.value.status == 413 and not (tmp_path / "big").exists()
+    with pytest.raises(FileExistsError):  # never overwrites (nor deletes) an existing file
+        asyncio.run(save_upload(_chunks(source), tmp_path / "dest", 1 << 20, "model"))
+    assert (tmp_path / "dest").exists()
+
+
+def test_save_upload_removes_the_partial_file_when_the_client_goes(tmp_path: Path) -> None:
+    async def broken() -> AsyncIterator[bytes]:
+        yield b"x" * 1000
+        raise ConnectionResetError("client went away")
+
+    with pytest.raises(ConnectionResetError):
+        asyncio.run(save_upload(broken(), tmp_path / "part", 1 << 20, "model"))
+    assert not (tmp_path / "part").exists()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../x", "a/b", "a\\b", "..", "x\x00y", "tab\there", "\u202egnp.exe", " ", "a" * 256],
+)
+def test_unsafe_labels_are_refused(name: str) -> None:
+    with pytest.raises(UploadRejected) as caught:
+        safe_label(name, "calib")
+    assert caught.value.status == 400 and "'calib'" in caught.value.detail
+
+
+def test_plain_labels_are_kept() -> None:
+    assert safe_label("vit mnist (v2).safetensors", "model") == "vit mnist (v2).safetensors"
+    assert safe_label("modèle.onnx", "model") == "modèle.onnx"
+    assert safe_label(None, "model") == "model"
+    assert safe_label("", "eval") == "eval"
+
+
+def test_damaged_files_only_ever_raise_upload_rejected(tmp_path: Path) -> None:
+    """Random damage to each format (header bytes flipped, cut anywhere) is a clear 4xx, never
+    another exception (which the server would turn into a 500)."""
+    rng = np.random.default_rng(0)
+    sources = {
+        "safetensors": examples.path(GOOD_MODEL).read_bytes(),
+        "pt": _example_pt(tmp_path).read_bytes(),
+        "onnx": tiny_onnx(tmp_path / "t.onnx").read_bytes(),
+        "npz": good_calib(tmp_path / "c.npz").read_bytes(),
+    }
+    config = read_config(_write_json(tmp_path / "config", example_config()))
+    for kind, data in sources.items():
+        for trial in range(20):
+            damaged = bytearray(data)
+            if trial % 2:
+                damaged = damaged[: int(rng.integers(1, len(data)))]
+            else:
+                for position in rng.integers(0, min(len(data), 4096), 6):
+                    damaged[position] = int(rng.integers(0, 256))
+            path = tmp_path / f"{kind}-{trial}"
+            path.write_bytes(bytes(damaged))
+            try:
+                if kind == "npz":
+                    inspect_npz(path, "calib")
+                else:
+                    inspect_model(path, config if kind == "pt" else None)
+            except UploadRejected as error:
+                assert 400 <= error.status < 500 and error.detail
+                assert len(error.detail.splitlines()) == 1
+
+
+def _write_json(path: Path, value: object) -> Path:
+    path.write_text(json.dumps(value))
+    return path
