@@ -46,8 +46,27 @@ def _info(name: str) -> CheckpointInfo:
     return load_checkpoint(examples.path(name))[1]
 
 
+def _training_recipe(info: CheckpointInfo) -> dict:
+    """The recipe of the training run (for a fine-tuned file: its source's)."""
+    metadata = info.metadata
+    return metadata["source"]["recipe"] if "finetune" in metadata else metadata["recipe"]
+
+
 def test_un_vit_meets_target() -> None:
     assert _info("vit-mnist-un").metadata["test_accuracy"] >= 0.965  # LN twin: 0.972
+
+
+@pytest.mark.parametrize(("name", "method"), [("vit-mnist-un", "decay"), ("text-rt-un", "range")])
+def test_trained_un_examples_were_made_int8_ready(name: str, method: str) -> None:
+    # edge-un train, then edge-un finetune --int8-ready: fp32 within 0.2 pt of the trained model
+    metadata = _info(name).metadata
+    assert metadata["finetune"]["purpose"] == "int8-ready"
+    assert metadata["finetune"]["method"] == method
+    assert metadata["command"].startswith(f"edge-un finetune build/{name}-trained.safetensors")
+    assert metadata["source"]["command"].startswith("edge-un train --model")
+    assert metadata["test_accuracy"] >= metadata["source"]["test_accuracy"] - 0.002 - 1e-9
+    after = metadata["finetune"]["ranges_after"]
+    assert max(after.values()) < max(metadata["finetune"]["ranges_before"].values())
 
 
 def test_un_vit_was_trained_with_the_vit_presets_momentum() -> None:
@@ -55,7 +74,7 @@ def test_un_vit_was_trained_with_the_vit_presets_momentum() -> None:
     # checkpoint records it and loads with it; the text example keeps the layer's default 0.9
     model, info = load_checkpoint(examples.path("vit-mnist-un"))
     assert info.norm_kwargs["momentum"] == 0.5
-    assert info.metadata["recipe"]["norm_kwargs"]["momentum"] == 0.5
+    assert _training_recipe(info)["norm_kwargs"]["momentum"] == 0.5
     assert {m.momentum for m in model.modules() if isinstance(m, UnifiedNorm)} == {0.5}
     assert "momentum" not in _info("text-rt-un").norm_kwargs
 
@@ -65,6 +84,6 @@ def test_twins_share_architecture_and_recipe() -> None:
         un, ln = _info(f"{task}-un"), _info(f"{task}-ln")
         strip = lambda args: {k: v for k, v in args.items() if k not in ("norm", "norm_kwargs")}  # noqa: E731
         assert strip(un.arguments) == strip(ln.arguments)
-        recipe_un = {k: v for k, v in un.metadata["recipe"].items() if k != "norm_kwargs"}
-        recipe_ln = {k: v for k, v in ln.metadata["recipe"].items() if k != "norm_kwargs"}
+        recipe_un = {k: v for k, v in _training_recipe(un).items() if k != "norm_kwargs"}
+        recipe_ln = {k: v for k, v in _training_recipe(ln).items() if k != "norm_kwargs"}
         assert recipe_un == recipe_ln
