@@ -1,0 +1,117 @@
+"""One ``quant.pipeline.convert`` run, timed stage by stage, in a process of its own.
+
+    python benchmarks/latency_stages.py MODEL OUT_DIR RESULT.json [--calib F --eval F
+        --max-drift X --min-agreement Y --targets T]
+
+Stage wall times are the time between successive ``progress(stage, fraction)`` calls (a stage
+lasts until the next one starts). Peak memory: this process's own peak RSS (the pipeline in
+Python, ONNX Runtime, LiteRT; VmHWM), the largest RSS of any one tool subprocess (onnx2tf,
+TensorFlow's converter, Vela) and of the whole process tree (what the machine had to hold at
+once), both sampled every 0.2 s with psutil.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import resource
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _rss(process: psutil.Process) -> tuple[int, int]:
+    """(RSS of the whole tree, largest RSS of one descendant), in bytes."""
+    total = largest = 0
+    for proc in process.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            rss = proc.memory_info().rss
+            total, largest = total + rss, max(largest, rss)
+    return total + process.memory_info().rss, largest
+
+
+def _hwm_mb() -> float:
+    """This process's peak RSS (VmHWM; ``ru_maxrss`` would carry the parent's over exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("out_dir")
+    parser.add_argument("result")
+    parser.add_argument("--calib")
+    parser.add_argument("--eval")
+    parser.add_argument("--targets")
+    parser.add_argument("--max-drift", type=float, default=0.5)
+    parser.add_argument("--min-agreement", type=float, default=0.99)
+    args = parser.parse_args()
+
+    peak = {"tree": 0, "child": 0}
+    done = threading.Event()
+    me = psutil.Process()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            tree, child = _rss(me)
+            peak["tree"], peak["child"] = max(peak["tree"], tree), max(peak["child"], child)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    events: list[tuple[str, float]] = []
+
+    def progress(stage: str, fraction: float) -> None:
+        events.append((stage, time.perf_counter() - start))
+
+    from quant.pipeline import convert  # imported inside the timed process, not before
+
+    events.append(("import", 0.0))
+    report = convert(
+        args.model,
+        targets=args.targets,
+        calib=args.calib,
+        eval=args.eval,
+        out_dir=args.out_dir,
+        max_drift=args.max_drift,
+        min_agreement=args.min_agreement,
+        progress=progress,
+    )
+    total = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    stages = [
+        {"stage": name, "start_s": round(t, 3), "seconds": round(nxt - t, 3)}
+        for (name, t), (_, nxt) in zip(events, [*events[1:], ("end", total)], strict=True)
+    ]
+    result = {
+        "total_s": round(total, 2),
+        "stages": stages,
+        "peak_rss_mb": round(_hwm_mb(), 1),
+        "peak_child_rss_mb": round(peak["child"] / 2**20, 1),
+        "peak_tree_rss_mb": round(peak["tree"] / 2**20, 1),
+        "targets": {
+            name: {
+                "status": target.status,
+                "error": target.error,
+                "excluded_steps": len(target.excluded),
+                "int16_tensors": len(target.int16_tensors),
+            }
+            for name, target in report.targets.items()
+        },
+    }
+    Path(args.result).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""One configuration of benchmarks/latency.py, in a process of its own (its peak RSS is its own).
+
+    python benchmarks/latency_worker.py KIND MODEL INPUTS.npy
+
+KIND is ``torch`` (an edge_un checkpoint, eager fp32), ``ort`` (an ONNX file, ONNX Runtime CPU
+provider, the session options of ``quant.latency.onnx_latency``) or ``litert`` (a TFLite file,
+LiteRT with XNNPACK, as ``quant.litert.latency_tflite``). The parent sends one JSON command a
+line on stdin and reads one JSON reply a line on stdout:
+
+    {"threads": 1, "batch": 1, "budget_s": 0.5, "warmup": 3}  ->  {"samples_ms": [...], ...}
+    {"rss": true}                                                ->  {"maxrss_mb": ...}
+
+A run warms up, then times ``quant.latency.time_calls`` for as many calls as fit the
+budget (``min_runs``, default 5, to 400); every single call's time is returned, so the parent
+pools them over rounds.
+A batch of 32 is one call with 32 samples (torch, ORT: dynamic batch) or 32 invokes of the
+static batch-1 TFLite file (LiteRT).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from quant.latency import time_calls  # noqa: E402
+
+MIN_RUNS, MAX_RUNS = 5, 400
+
+
+def _maxrss_mb() -> float:
+    """This process's peak RSS (VmHWM: per address space, so not inherited from the parent the
+    way ``ru_maxrss`` is across fork + exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def torch_runner(path: str, inputs: np.ndarray) -> Callable[[int, int], Callable[[], object]]:
+    import torch
+
+    import edge_un
+
+    torch.set_num_interop_threads(1)
+    model, _ = edge_un.load_checkpoint(path)
+    model.eval()
+    feeds = {b: torch.from_numpy(np.ascontiguousarray(inputs[:b])) for b in (1, 32)}
+
+    def make(threads: int, batch: int) -> Callable[[], object]:
+        torch.set_num_threads(threads)
+
+        def call() -> object:
+            with torch.inference_mode():
+                return model(feeds[batch])
+
+        return call
+
+    return make
+
+
+def ort_runner(path: str, inputs: np.ndarray) -> Callable[[int, int], Callable[[], object]]:
+    import onnxruntime as ort
+
+    sessions: dict[int, ort.InferenceSession] = {}
+
+    def make(threads: int, batch: int) -> Callable[[], object]:
+        if threads not in sessions:
+            options = ort.SessionOptions()  # as quant.latency.onnx_latency
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            options.log_severity_level = 3
+            sessions[threads] = ort.InferenceSession(
+                path, options, providers=["CPUExecutionProvider"]
+            )
+        session = sessions[threads]
+        feed = {session.get_inputs()[0].name: np.ascontiguousarray(inputs[:batch])}
+        return lambda: session.run(None, feed)
+
+    return make
+
+
+def litert_runner(path: str, inputs: np.ndarray) -> Callable[[int, int], Callable[[], object]]:
+    from quant.litert import _interpreter, _prepared
+
+    interpreters: dict = {}
+
+    def make(threads: int, batch: int) -> Callable[[], object]:
+        if threads not in interpreters:
+            interpreters[threads] = _interpreter(path, threads)
+        interp = interpreters[threads]
+        feed = _prepared(interp, inputs[:batch])
+        in_index = interp.get_input_details()[0]["index"]
+        out_index = interp.get_output_details()[0]["index"]
+
+        def call() -> None:  # the file is batch 1: a batch is that many invokes
+            for i in range(batch):
+                interp.set_tensor(in_index, feed[i : i + 1])
+                interp.invoke()
+                interp.get_tensor(out_index)
+
+        return call
+
+    return make
+
+
+RUNNERS = {"torch": torch_runner, "ort": ort_runner, "litert": litert_runner}
+
+
+def main() -> None:
+    kind, path, inputs_path = sys.argv[1:4]
+    inputs = np.load(inputs_path)
+    base = _maxrss_mb()  # imports only (the runtime's module is imported by the runner)
+    make = RUNNERS[kind](path, inputs)
+    print(json.dumps({"ready": True, "base_rss_mb": base, "maxrss_mb": _maxrss_mb()}), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command.get("exit"):
+            break
+        if command.get("rss"):
+            print(json.dumps({"maxrss_mb": _maxrss_mb()}), flush=True)
+            continue
+        key = (command["threads"], command["batch"])
+        call = make(*key)  # sessions are cached; torch's thread count is set here, every time
+        start = time.perf_counter()
+        for _ in range(max(1, command["warmup"])):
+            call()
+        per_call = (time.perf_counter() - start) / max(1, command["warmup"])
+        least = command.get("min_runs", MIN_RUNS)
+        runs = int(np.clip(command["budget_s"] / max(per_call, 1e-6), least, MAX_RUNS))
+        samples: list[float] = []
+
+        def timed(call: Callable[[], object] = call, samples: list[float] = samples) -> None:
+            t0 = time.perf_counter()
+            call()
+            samples.append((time.perf_counter() - t0) * 1e3)
+
+        time_calls(timed, key[0], runs=runs, warmup=0)
+        print(json.dumps({"samples_ms": samples, "maxrss_mb": _maxrss_mb()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
