@@ -1,12 +1,11 @@
 """The job process: one conversion, in its own process, started by the queue.
 
-The queue forks it from its fork server (``child_main``); ``python -m service.worker JOB_ID
-ATTEMPT PARENT_PID`` runs the same by hand (settings from the EDGE_UN_* variables). It dies
-with its parent (PR_SET_PDEATHSIG), caps its own address space (EDGE_UN_JOB_MEMORY_MB), runs
-``quant.pipeline.convert`` into a staging directory, writes its progress to the database at
-most every ``progress_interval_s`` (and at each new stage), then publishes the artifacts and
-records the outcome. Every write is conditional on the job still running this attempt, so a
-cancelled or superseded run changes nothing.
+The queue forks it from its fork server (``child_main``; settings from the EDGE_UN_*
+variables it is handed). It dies with its parent (PR_SET_PDEATHSIG), caps its own address
+space (EDGE_UN_JOB_MEMORY_MB), runs ``quant.pipeline.convert`` into a staging directory, writes
+its progress to the database at most every ``progress_interval_s`` (and at each new stage),
+then publishes the artifacts and records the outcome. Every write is conditional on the job
+still running this attempt, so a cancelled or superseded run changes nothing.
 """
 
 from __future__ import annotations
@@ -216,14 +215,3 @@ def _start(job_id: str, attempt: int) -> int:
 
         torch.set_num_threads(settings.job_threads)
     return run(settings, job_id, attempt)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    job_id, attempt, parent = args[0], int(args[1]), int(args[2])
-    _die_with_parent(parent)
-    return _start(job_id, attempt)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,13 +10,12 @@ shows the traceback. Usage errors (unknown option, bad choice) are typer's: usag
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib.metadata
 import sys
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -44,16 +43,9 @@ app = typer.Typer(
 
 
 def version() -> str:
-    """edge_un's version without importing edge_un (which imports torch: ~2 s)."""
-    spec = importlib.util.find_spec("edge_un")
-    if spec is not None and spec.submodule_search_locations:
-        source = Path(next(iter(spec.submodule_search_locations))) / "_version.py"
-        scope: dict[str, Any] = {}
-        exec(compile(source.read_text(), str(source), "exec"), scope)
-        return str(scope["__version__"])
-    from edge_un import __version__
-
-    return __version__
+    """The installed edge-un's version, from its package metadata: importing edge_un would
+    import torch (~2 s) just to print a string."""
+    return importlib.metadata.version("edge-un")
 
 
 def _show_version(value: bool) -> None:
