@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from sqlalchemy import delete, func, select, update
@@ -195,6 +195,8 @@ def requeue(session: Session, claim: Claim, *, count_attempt: bool = True) -> bo
         percent=0.0,
         pid=None,
         started_at=None,
+        heartbeat_at=None,
+        dispatched_at=None,
     )
 
 
@@ -222,21 +224,126 @@ def recover(session: Session, max_attempts: int) -> tuple[list[str], list[str]]:
     """At start-up, before any job runs: every job left running by a dead server is queued
     again at its old place, or failed with the reason once it used its attempts.
     Returns (requeued ids, failed ids)."""
+    return _requeue_or_fail(session, running(session), max_attempts, "the server stopped")
+
+
+def _requeue_or_fail(
+    session: Session, lost: Sequence[Job], max_attempts: int, what: str
+) -> tuple[list[str], list[str]]:
     requeued, failed = [], []
-    for job in running(session):
+    for job in lost:
         claim = Claim(job.id, job.attempts)
         if job.attempts >= max_attempts:
-            fail(
-                session,
-                claim,
-                f"the server stopped while this job ran, {job.attempts} "
-                f"time(s) (the limit is {max_attempts}); submit it again",
+            message = (
+                f"{what} while this job ran, {job.attempts} time(s) (the limit is "
+                f"{max_attempts}); submit it again"
             )
-            failed.append(job.id)
-        else:
-            requeue(session, claim)
+            if fail(session, claim, message):
+                failed.append(job.id)
+        elif requeue(session, claim):
             requeued.append(job.id)
     return requeued, failed
+
+
+# -- Celery mode: claims by id, heartbeats, lost runs, dispatch bookkeeping -----------------
+Busy = Literal["busy"]  # running under a live heartbeat: another delivery of the same job
+Gone = Literal["gone"]  # finished, cancelled or deleted: nothing to run
+
+
+def _stale_before(lease_s: float) -> datetime:
+    return utcnow() - timedelta(seconds=lease_s)
+
+
+def _last_sign_of_life():
+    return func.coalesce(Job.heartbeat_at, Job.started_at)
+
+
+def claim(session: Session, job_id: str, lease_s: float, max_attempts: int) -> Claim | Busy | Gone:
+    """Take job ``job_id`` to run it: a queued job, or a running one whose run went silent for
+    longer than ``lease_s`` (its worker died: take it over as the next attempt, or fail it once
+    it used ``max_attempts``). Every branch is one conditional UPDATE: two deliveries of the same
+    job cannot both win."""
+    now = utcnow()
+    start = {"attempts": Job.attempts + 1, "started_at": now, "heartbeat_at": now,
+             "updated_at": now, "stage": "starting", "percent": 0.0, "pid": None}  # fmt: skip
+    taken = session.execute(
+        update(Job).where(Job.id == job_id, Job.state == "queued")
+        .values(state="running", **start).returning(Job.attempts)
+    ).first()  # fmt: skip
+    if taken is not None:
+        return Claim(job_id, taken[0])
+    row = session.execute(
+        select(Job.state, Job.attempts, _last_sign_of_life()).where(Job.id == job_id)
+    ).first()
+    if row is None or row[0] != "running":
+        return "gone"
+    _, attempts, alive_at = row
+    if alive_at is not None and _aware(alive_at) >= _stale_before(lease_s):
+        return "busy"
+    if attempts >= max_attempts:
+        _requeue_or_fail(session, [_job(session, job_id)], max_attempts, "its worker was lost")
+        return "gone"
+    taken = session.execute(
+        update(Job).where(Job.id == job_id, Job.state == "running", Job.attempts == attempts,
+                          _last_sign_of_life() < _stale_before(lease_s))
+        .values(**start).returning(Job.attempts)
+    ).first()  # fmt: skip
+    return "busy" if taken is None else Claim(job_id, taken[0])
+
+
+def _aware(moment: datetime) -> datetime:
+    """A timestamp read through a SQL expression may come back without its (UTC) zone."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _job(session: Session, job_id: str) -> Job:
+    return session.scalars(select(Job).where(Job.id == job_id)).one()
+
+
+def heartbeat(session: Session, claim: Claim) -> bool:
+    """A running job proves it is alive; False if it no longer runs this attempt."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == claim.job_id, Job.attempts == claim.attempt, Job.state == "running")
+        .values(heartbeat_at=utcnow())
+    )
+    return result.rowcount == 1
+
+
+def recover_lost(
+    session: Session, lease_s: float, max_attempts: int
+) -> tuple[list[str], list[str]]:
+    """Running jobs silent for longer than the lease (their worker died, and no redelivery
+    took them over): queue them again, or fail them after ``max_attempts``."""
+    silent = session.scalars(
+        select(Job).where(Job.state == "running", _last_sign_of_life() < _stale_before(lease_s))
+    )
+    return _requeue_or_fail(session, list(silent), max_attempts, "its worker was lost")
+
+
+def undispatched(session: Session, quiet_s: float) -> list[str]:
+    """Queued jobs with no task at the broker (sending failed, or they were queued again),
+    untouched for ``quiet_s`` (a job just recorded is being sent by its request right now)."""
+    rows = session.scalars(
+        select(Job.id)
+        .where(
+            Job.state == "queued",
+            Job.dispatched_at.is_(None),
+            Job.updated_at < utcnow() - timedelta(seconds=quiet_s),
+        )
+        .order_by(Job.seq)
+    )
+    return list(rows)
+
+
+def queued_ids(session: Session) -> list[str]:
+    return list(session.scalars(select(Job.id).where(Job.state == "queued").order_by(Job.seq)))
+
+
+def mark_dispatched(session: Session, job_id: str) -> None:
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.state == "queued").values(dispatched_at=utcnow())
+    )
 
 
 def queue_depth(session: Session) -> int:

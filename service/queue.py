@@ -61,6 +61,16 @@ class JobQueue(Protocol):
         """Whether jobs are being dispatched (for /readyz)."""
 
 
+def make_queue(settings: Settings) -> JobQueue:
+    """The queue the settings ask for (EDGE_UN_QUEUE): this process's own job processes, or
+    Celery workers elsewhere (imported only then: the local mode needs no Celery)."""
+    if settings.queue == "celery":
+        from .celery_queue import CeleryQueue
+
+        return CeleryQueue(settings)
+    return LocalProcessQueue(settings)
+
+
 @dataclass
 class _Running:
     claim: jobs.Claim

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,11 +26,30 @@ class Settings(BaseSettings):
     job_memory_mb: int = Field(6144, ge=0)  # address-space limit of a job process; 0 = none
     max_attempts: int = Field(2, ge=1)  # runs of a job interrupted by a server crash
     auth: Literal["tokens", "none"] = "tokens"
+    # "local": the embedded queue (job processes of the API server, nothing else to run);
+    # "celery": the API only records and sends; `edge-un worker` processes convert.
+    queue: Literal["local", "celery"] = "local"
+    broker_url: str | None = None  # Celery's broker, e.g. redis://redis:6379/0
+    heartbeat_s: float = Field(10, gt=0)  # a running Celery job proves it is alive this often
     latency_runs: int = Field(100, ge=1)  # passed to quant.convert
     # Beyond the shared design: knobs the tests and small machines need.
     job_threads: int | None = Field(None, ge=1)  # torch/ORT threads per job; None = default
     progress_interval_s: float = Field(0.5, ge=0)  # least time between progress writes
     poll_interval_s: float = Field(0.5, gt=0)  # dispatcher tick when nothing wakes it
+
+    @model_validator(mode="after")
+    def _celery_needs_a_broker(self) -> Settings:
+        if self.queue == "celery" and not self.broker_url:
+            raise ValueError(
+                "EDGE_UN_QUEUE=celery needs EDGE_UN_BROKER_URL (e.g. redis://localhost:6379/0)"
+            )
+        return self
+
+    @property
+    def lease_s(self) -> float:
+        """How long a running Celery job may go without a heartbeat before it counts as lost
+        (its worker died): three missed beats, so one slow database write is not enough."""
+        return 3 * self.heartbeat_s
 
     @property
     def resolved_database_url(self) -> str:

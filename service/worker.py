@@ -42,7 +42,7 @@ def _die_with_parent(parent: int) -> None:
         sys.exit(3)
 
 
-def _limit_memory(megabytes: int) -> None:
+def limit_memory(megabytes: int) -> None:
     if megabytes > 0:
         limit = megabytes * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -208,7 +208,7 @@ def _release_fork_server() -> None:
 
 def _start(job_id: str, attempt: int) -> int:
     settings = get_settings()
-    _limit_memory(settings.job_memory_mb)
+    limit_memory(settings.job_memory_mb)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s job {job_id}: %(message)s")
     if settings.job_threads:
         import torch

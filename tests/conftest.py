@@ -9,6 +9,8 @@ from torch import nn
 from edge_un import data
 
 from .builders import trained_small_model
+from .servers import postgres_server, redis_server  # noqa: F401  (session fixtures)
+from .service_live import QUEUE_MODES, ServiceMode
 
 
 @pytest.fixture
@@ -29,3 +31,14 @@ def one_thread():
 @pytest.fixture(scope="module")
 def digits() -> data.Dataset:
     return data.load_dataset("digits")
+
+
+@pytest.fixture(scope="module", params=QUEUE_MODES)
+def service_mode(request: pytest.FixtureRequest) -> ServiceMode:
+    """Every service test that starts a server runs in both queue modes: ``local`` (SQLite,
+    the server's own job processes) and ``celery`` (PostgreSQL, Redis, Celery workers)."""
+    if request.param == "celery":
+        postgres = request.getfixturevalue("postgres_server")
+        redis = request.getfixturevalue("redis_server")
+        return ServiceMode("celery", postgres, redis)
+    return ServiceMode("local")

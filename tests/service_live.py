@@ -1,5 +1,11 @@
 """A real edge-un server for the service tests: a uvicorn subprocess on a free 127.0.0.1 port,
-its own data directory, real job processes. Not a test module (no test_ prefix)."""
+its own data directory, real job processes. Not a test module (no test_ prefix).
+
+Two queue modes, the same tests: ``local`` (the server's own job processes, SQLite) and
+``celery`` (the API only records and sends; ``edge-un worker`` processes convert; PostgreSQL
+and Redis from tests/servers.py). A celery-mode server's database, broker and workers belong
+to its data directory, so a server started again on the same directory (after a kill -9)
+finds its workers still running and its jobs where they were."""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +28,8 @@ import httpx
 
 from service import tokens
 from service.settings import Settings
+
+from .servers import PostgresServer, RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 # Fast conversions on a shared 2-core machine: few latency runs, one thread per job.
@@ -31,6 +40,9 @@ FAST = {
     "EDGE_UN_PROGRESS_INTERVAL_S": "0.2",
 }
 FINISHED = ("succeeded", "failed", "cancelled")
+QUEUE_MODES = ("local", "celery")
+# Celery mode: a lost worker's job is taken over after 3 missed beats (3 s, not 30).
+CELERY_FAST = {"EDGE_UN_HEARTBEAT_S": "1"}
 
 
 def free_port() -> int:
@@ -39,14 +51,125 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class LiveServer:
-    """``python -m service.server`` with settings from EDGE_UN_* variables."""
+_BACKENDS: dict[Path, CeleryBackend] = {}
+_REDIS_DBS = iter(range(1, 10_000))
 
-    def __init__(self, data_dir: Path, **env: str) -> None:
+
+class CeleryWorker:
+    """``edge-un worker --concurrency 1`` in its own session (a kill takes its pool along)."""
+
+    def __init__(self, name: str, env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        command = [sys.executable, "-m", "service.cli", "worker", "--concurrency", "1",
+                   "--hostname", f"{name}@%h"]  # fmt: skip
+        with log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True
+            )
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited:\n{self.log()}")
+            if " ready." in self.log():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"worker {self.name} not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        """kill -9 of the worker and its pool processes: a crashed machine, as far as it goes."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if not self.alive():
+            return
+        self.process.send_signal(signal.SIGTERM)  # warm shutdown
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        with contextlib.suppress(ProcessLookupError):  # a pool process left behind
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+class CeleryBackend:
+    """One data directory's PostgreSQL database, Redis database and workers."""
+
+    def __init__(self, postgres: PostgresServer, redis: RedisServer) -> None:
+        self.database_url = postgres.new_database()
+        self.redis = redis
+        self.redis_db = next(_REDIS_DBS) % 16  # Redis has 16; one server per test at once
+        self.workers: list[CeleryWorker] = []
+        import redis as redis_client
+
+        redis_client.Redis.from_url(self.broker_url).flushdb()
+
+    @property
+    def broker_url(self) -> str:
+        return self.redis.url.rsplit("/", 1)[0] + f"/{self.redis_db}"
+
+    @classmethod
+    def of(cls, data_dir: Path, postgres: PostgresServer, redis: RedisServer) -> CeleryBackend:
+        key = data_dir.resolve()
+        if key not in _BACKENDS:
+            _BACKENDS[key] = cls(postgres, redis)
+        return _BACKENDS[key]
+
+    def env(self) -> dict[str, str]:
+        return {
+            **CELERY_FAST,
+            "EDGE_UN_QUEUE": "celery",
+            "EDGE_UN_BROKER_URL": self.broker_url,
+            "EDGE_UN_DATABASE_URL": self.database_url,
+        }
+
+    def ensure_workers(self, count: int, env: dict[str, str], logs: Path) -> None:
+        """At least ``count`` live workers (a server started again keeps the running ones)."""
+        self.workers = [w for w in self.workers if w.alive()]
+        while len(self.workers) < count:
+            name = f"w{len(self.workers) + 1}-{uuid.uuid4().hex[:6]}"
+            self.workers.append(CeleryWorker(name, env, logs / f"worker-{name}.log"))
+        for worker in self.workers:
+            worker.wait_ready()
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+
+
+class LiveServer:
+    """``python -m service.server`` with settings from EDGE_UN_* variables; in celery mode,
+    with its workers (one per EDGE_UN_WORKERS, each running one conversion at a time)."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        mode: str = "local",
+        postgres: PostgresServer | None = None,
+        redis: RedisServer | None = None,
+        **env: str,
+    ) -> None:
         self.data_dir = Path(data_dir)
+        self.mode = mode
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**FAST, **env}
+        self.backend: CeleryBackend | None = None
+        if mode == "celery":
+            if postgres is None or redis is None:
+                raise ValueError("celery mode needs the postgres_server and redis_server")
+            self.backend = CeleryBackend.of(self.data_dir, postgres, redis)
+            self.env = {**self.backend.env(), **self.env}
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-server.log"
 
@@ -55,14 +178,26 @@ class LiveServer:
         values = {k[len("EDGE_UN_") :].lower(): v for k, v in self.env.items()}
         return Settings(data_dir=self.data_dir, **values)
 
-    def start(self, timeout: float = 90) -> LiveServer:
+    @property
+    def workers(self) -> list[CeleryWorker]:
+        return self.backend.workers if self.backend else []
+
+    def _environ(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_UN_")}
         env.update(self.env, EDGE_UN_DATA_DIR=str(self.data_dir), PYTHONUNBUFFERED="1")
+        return env
+
+    def start(self, timeout: float = 90) -> LiveServer:
         command = [sys.executable, "-m", "service.server", "--host", "127.0.0.1",
                    "--port", str(self.port)]  # fmt: skip
         log = self.log_path.open("ab")
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=self._environ(), stdout=log, stderr=log
+        )
         log.close()
+        if self.backend is not None:
+            count = int(self.env.get("EDGE_UN_WORKERS", "1"))
+            self.backend.ensure_workers(count, self._environ(), self.data_dir.parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -76,22 +211,27 @@ class LiveServer:
         raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        for worker in self.workers:
+            text += f"\n--- worker {worker.name} ---\n" + worker.log()
+        return text
 
     def kill(self) -> None:
-        """kill -9: no shutdown of any kind."""
+        """kill -9 of the API process: no shutdown of any kind (celery workers carry on)."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        """Stop the API, and in celery mode its workers."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.backend is not None:
+            self.backend.stop()
 
     def token(self, name: str = "test") -> str:
         return tokens.create_token(self.settings, name)[1]
@@ -99,6 +239,23 @@ class LiveServer:
     def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=120, **kwargs)
+
+
+class ServiceMode:
+    """A queue mode for the service tests: ``mode.server(data_dir, **env)`` makes the server."""
+
+    def __init__(
+        self, name: str, postgres: PostgresServer | None = None, redis: RedisServer | None = None
+    ) -> None:
+        self.name = name
+        self.postgres = postgres
+        self.redis = redis
+
+    def server(self, data_dir: Path, **env: str) -> LiveServer:
+        return LiveServer(data_dir, self.name, self.postgres, self.redis, **env)
+
+    def __repr__(self) -> str:
+        return self.name
 
 
 def upload(

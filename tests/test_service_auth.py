@@ -3,18 +3,18 @@ EDGE_UN_AUTH=none is set, and then the server says so loudly at start."""
 
 from __future__ import annotations
 
-from .service_live import LiveServer, is_problem
+from .service_live import is_problem
 
 
-def test_tokens_are_the_default_and_none_must_be_configured(tmp_path):
-    default = LiveServer(tmp_path / "tokens").start()
+def test_tokens_are_the_default_and_none_must_be_configured(tmp_path, service_mode):
+    default = service_mode.server(tmp_path / "tokens").start()
     try:
         is_problem(default.client().get("/v1/targets"), 401)
         assert "AUTHENTICATION IS OFF" not in default.log()
     finally:
         default.stop()
 
-    open_server = LiveServer(tmp_path / "open", EDGE_UN_AUTH="none").start()
+    open_server = service_mode.server(tmp_path / "open", EDGE_UN_AUTH="none").start()
     try:
         with open_server.client() as client:
             targets = client.get("/v1/targets")

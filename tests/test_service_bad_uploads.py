@@ -8,15 +8,15 @@ import time
 
 import pytest
 
-from .service_live import LiveServer, is_problem
+from .service_live import is_problem
 from .upload_corpus import CASE_NAMES, bad_cases, good_cases
 
 LIMIT_MB = 8  # above every bundled example (the largest is ~2.5 MB)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    live = LiveServer(
+def server(tmp_path_factory, service_mode):
+    live = service_mode.server(
         tmp_path_factory.mktemp("corpus") / "data", EDGE_UN_MAX_UPLOAD_MB=str(LIMIT_MB)
     )
     yield live.start()

@@ -8,14 +8,16 @@ import pytest
 
 from edge_un import examples
 
-from .service_live import LiveServer, is_problem, upload
+from .service_live import is_problem, upload
 
 MODEL = examples.path("vit-mnist-un")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    live = LiveServer(tmp_path_factory.mktemp("errors") / "data", EDGE_UN_MAX_UPLOAD_MB="1")
+def server(tmp_path_factory, service_mode):
+    live = service_mode.server(
+        tmp_path_factory.mktemp("errors") / "data", EDGE_UN_MAX_UPLOAD_MB="1"
+    )
     yield live.start()
     live.stop()
 

@@ -1,25 +1,62 @@
 """The job records, the queue's claims, restart recovery, tokens, migrations and the artifact
-store, on a real SQLite database and file system (no server)."""
+store, on real databases and a real file system (no HTTP server).
+
+Every database test runs twice: on SQLite (the default, one file) and on a real PostgreSQL 15
+(the Celery mode's database, a fresh database per test from tests/servers.py). The claims are
+conditional UPDATEs whose safety under concurrency is each engine's own locking: that is
+tested on both, not assumed."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, select, text
+from sqlalchemy.orm import Session
 
 from service import jobs, tokens
-from service.db import Base, get_engine, session_scope, upgrade
+from service.db import Base, Token, get_engine, session_scope, upgrade
+from service.db.migrate import alembic_config
 from service.settings import Settings
 from service.storage import LocalArtifactStore
 
+from .servers import PostgresServer
+
+Won = TypeVar("Won")
+
+
+def _postgres_settings(tmp_path, server: PostgresServer) -> Iterator[Settings]:
+    """A migrated fresh database on the session's server, dropped after the test (its pooled
+    connections first, so the drop does not wait on them)."""
+    settings = Settings(data_dir=tmp_path / "data", database_url=server.new_database())
+    upgrade(settings)
+    yield settings
+    get_engine(settings).dispose()
+    server.drop_database(settings.resolved_database_url)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def settings(request, tmp_path) -> Iterator[Settings]:
+    """A migrated database of each kind; the server is started only for the PostgreSQL run."""
+    if request.param == "sqlite":
+        settings = Settings(data_dir=tmp_path / "data")
+        upgrade(settings)
+        yield settings
+        return
+    yield from _postgres_settings(tmp_path, request.getfixturevalue("postgres_server"))
+
 
 @pytest.fixture
-def settings(tmp_path) -> Settings:
-    settings = Settings(data_dir=tmp_path / "data")
-    upgrade(settings)
-    return settings
+def postgres_settings(tmp_path, postgres_server: PostgresServer) -> Iterator[Settings]:
+    """PostgreSQL only: tests of its row locking, which SQLite (one writer) never exercises."""
+    yield from _postgres_settings(tmp_path, postgres_server)
 
 
 def _queue(settings: Settings, count: int, token_id: int | None = None) -> list[str]:
@@ -38,11 +75,19 @@ def _claim(settings: Settings) -> jobs.Claim | None:
         return jobs.claim_next(session)
 
 
+def _head_revision(settings: Settings) -> str:
+    return ScriptDirectory.from_config(alembic_config(settings)).get_current_head()
+
+
 def test_migrations_build_exactly_the_models(settings):
     upgrade(settings)  # idempotent
     with get_engine(settings).connect() as connection:
         assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
-        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert set(inspect(connection).get_table_names()) >= {"tokens", "jobs", "job_stages"}
+        version = "SELECT version_num FROM alembic_version"
+        assert connection.exec_driver_sql(version).scalar() == _head_revision(settings)
+        if connection.dialect.name == "sqlite":
+            assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 
 def test_claims_are_fifo_and_never_shared(settings):
@@ -104,6 +149,31 @@ def test_recovery_requeues_then_fails_after_max_attempts(settings):
     assert job.finished_at is not None
 
 
+def test_timestamps_read_back_as_the_utc_moments_written(settings):
+    """Written as aware UTC, read back aware and equal, whatever the database server's own
+    time zone (the PostgreSQL of tests/servers.py runs at UTC+12:45)."""
+    before = datetime.now(UTC).replace(microsecond=0)
+    (job_id,) = _queue(settings, 1)
+    _claim(settings)
+    after = datetime.now(UTC) + timedelta(seconds=1)
+    with session_scope(settings) as session:
+        job = jobs.get(session, job_id, None)
+    for moment in (job.created_at, job.started_at, job.updated_at):
+        assert moment.utcoffset() == timedelta(0)
+        assert before <= moment <= after
+
+
+@pytest.mark.parametrize("size", [0, 2**31 - 1, 3 * 2**30])
+def test_upload_bytes_holds_four_files_of_a_large_upload_limit(settings, size):
+    """A job's upload_bytes is the sum of up to 4 files of ``max_upload_mb`` each, and that
+    limit has no upper bound: 4 files of 768 MiB are 3 GiB, past a 32-bit INTEGER."""
+    new = jobs.NewJob(None, "cpu", 0.5, "safetensors", "m.safetensors", upload_bytes=size)
+    with session_scope(settings) as session:
+        job_id = jobs.create(session, jobs.new_job_id(), new).id
+    with session_scope(settings) as session:
+        assert jobs.get(session, job_id, None).upload_bytes == size
+
+
 def test_cancel_and_remove(settings):
     running, done, queued = _queue(settings, 3)
     running_claim, done_claim = _claim(settings), _claim(settings)
@@ -134,7 +204,12 @@ def test_jobs_belong_to_their_token(settings):
 def test_tokens_are_stored_hashed_and_revocable(settings):
     info, secret = tokens.create_token(settings, "ci")
     assert secret.startswith("eun_") and len(secret) > 40
-    assert secret.encode() not in (settings.data_dir / "edge-un.db").read_bytes()
+    with session_scope(settings) as session:
+        row = session.execute(select(Token.__table__)).one()
+        assert secret not in " ".join(map(str, row)) and tokens.hash_secret(secret) in row
+    if settings.database_url is None:  # SQLite: not in the files either (WAL included)
+        files = sorted(settings.data_dir.glob("edge-un.db*"))
+        assert files and all(secret.encode() not in f.read_bytes() for f in files)
     with session_scope(settings) as session:
         assert tokens.verify_token(session, secret) == info.id
         assert tokens.verify_token(session, secret + "x") is None
@@ -145,6 +220,101 @@ def test_tokens_are_stored_hashed_and_revocable(settings):
     assert [t.name for t in tokens.list_tokens(settings)] == ["ci"]
     with pytest.raises(KeyError):
         tokens.revoke_token(settings, 999)
+
+
+def _wait_for_lock_waiters(settings: Settings, count: int, timeout_s: float = 20.0) -> None:
+    """Block until ``count`` sessions of this database wait on a row lock (so a race is
+    really staged, not merely hoped for)."""
+    waiting = text(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with session_scope(settings) as session:
+            if session.scalar(waiting) >= count:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"no {count} session(s) waited on a lock within {timeout_s} s")
+
+
+def _staged_race(settings: Settings, claim: Callable[[Session], Won]) -> tuple[Won, Won]:
+    """Run ``claim`` in session A and keep A's transaction open; run it again in session B
+    on another thread until B waits on A's row lock; then commit A and let B finish.
+    Returns (A's result, B's result)."""
+    second: list[Won] = []
+
+    def in_b() -> None:
+        with session_scope(settings) as session_b:
+            second.append(claim(session_b))
+
+    with session_scope(settings) as session_a:
+        first = claim(session_a)
+        racer = threading.Thread(target=in_b)
+        racer.start()
+        _wait_for_lock_waiters(settings, 1)
+    racer.join(30)
+    assert not racer.is_alive() and len(second) == 1
+    return first, second[0]
+
+
+def test_postgresql_claimer_blocked_on_a_claimed_row_does_not_take_it(postgres_settings):
+    """B's UPDATE waits on the row A claimed, then re-checks ``state = 'queued'`` after A
+    commits and must not take the job a second time."""
+    first_id, _ = _queue(postgres_settings, 2)
+    first, second = _staged_race(postgres_settings, jobs.claim_next)
+    assert first == jobs.Claim(first_id, 1)
+    assert second is None or second.job_id != first_id  # lost the race, or the next job
+    with session_scope(postgres_settings) as session:
+        assert jobs.state_of(session, first_id) == ("running", 1)  # claimed once, not twice
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["queued", "lost-worker"])
+def test_postgresql_two_deliveries_of_one_job_run_it_once(postgres_settings, lost):
+    """Celery may deliver a job's task twice (a re-send, a redelivery after a lost worker):
+    both claims by id race, one wins, the other is told the job is busy. With ``lost``, the
+    job already ran once and its heartbeat is stale, so both try to take it over."""
+    (job_id,) = _queue(postgres_settings, 1)
+    lease_s = 0.0 if lost else 60.0  # a zero lease makes every heartbeat stale at once
+    if lost:
+        with session_scope(postgres_settings) as session:
+            assert jobs.claim(session, job_id, lease_s, max_attempts=3) == jobs.Claim(job_id, 1)
+    first, second = _staged_race(
+        postgres_settings, lambda session: jobs.claim(session, job_id, lease_s, max_attempts=3)
+    )
+    attempt = 2 if lost else 1
+    assert (first, second) == (jobs.Claim(job_id, attempt), "busy")
+    with session_scope(postgres_settings) as session:
+        assert jobs.state_of(session, job_id) == ("running", attempt)
+
+
+def test_postgresql_two_racing_claimers_never_get_the_same_job(postgres_settings):
+    """Two threads, each with its own session, claim in lockstep rounds until the queue is
+    empty: every job is claimed exactly once, at its first attempt."""
+    settings = postgres_settings
+    ids = _queue(settings, 16)
+    claims: list[list[jobs.Claim]] = [[], []]
+    barrier = threading.Barrier(2, timeout=30)
+
+    def claimer(mine: list[jobs.Claim]) -> None:
+        for _ in range(2 * len(ids)):  # each round claims at least one job
+            barrier.wait()  # both UPDATEs start together
+            if (claim := _claim(settings)) is not None:
+                mine.append(claim)
+            barrier.wait()  # both committed: both see the same total
+            if len(claims[0]) + len(claims[1]) == len(ids):
+                return
+
+    threads = [threading.Thread(target=claimer, args=(mine,)) for mine in claims]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    every = claims[0] + claims[1]
+    assert sorted(c.job_id for c in every) == sorted(ids)  # each once, none lost
+    assert all(c.attempt == 1 for c in every)
+    with session_scope(settings) as session:
+        assert jobs.counts_by_state(session)["running"] == len(ids)
 
 
 def test_store_publishes_atomically_and_serves_only_listed_names(tmp_path):

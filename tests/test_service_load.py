@@ -6,15 +6,15 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .service_live import LiveServer, fast_job_files, upload_fast, wait_for
+from .service_live import fast_job_files, upload_fast, wait_for
 
 CLIENTS = 20
 
 
-def test_twenty_concurrent_uploads_all_complete_once(tmp_path):
+def test_twenty_concurrent_uploads_all_complete_once(tmp_path, service_mode):
     # ~45 s on the loaded 2-core machine (20 conversions, 2 at a time): not marked slow
     fast_job_files()  # build the inputs before the clock starts
-    server = LiveServer(tmp_path / "data", EDGE_UN_WORKERS="2").start()
+    server = service_mode.server(tmp_path / "data", EDGE_UN_WORKERS="2").start()
     try:
         secrets = [server.token(f"client-{i}") for i in range(CLIENTS)]
         started = time.monotonic()

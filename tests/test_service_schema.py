@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from .service_live import LiveServer
-
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    live = LiveServer(tmp_path_factory.mktemp("schema") / "data").start()
+def server(tmp_path_factory, service_mode):
+    live = service_mode.server(tmp_path_factory.mktemp("schema") / "data").start()
     yield live
     live.stop()
 

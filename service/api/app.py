@@ -14,7 +14,7 @@ import edge_un
 from .. import problems
 from ..db import upgrade
 from ..metrics import Metrics
-from ..queue import JobQueue, LocalProcessQueue
+from ..queue import JobQueue, make_queue
 from ..settings import Settings
 from ..storage import LocalArtifactStore
 from . import conversions, openapi, system
@@ -29,7 +29,7 @@ def create_app(settings: Settings, queue: JobQueue | None = None) -> FastAPI:
     services = Services(
         settings=settings,
         store=LocalArtifactStore(settings.data_dir),
-        queue=queue or LocalProcessQueue(settings),
+        queue=queue or make_queue(settings),
         metrics=Metrics(settings),
     )
 

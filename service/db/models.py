@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import (
+    BigInteger,
     DateTime,
     Float,
     ForeignKey,
@@ -85,11 +86,15 @@ class Job(Base):
     config_label: Mapped[str | None] = mapped_column(String(255), nullable=True)
     calib_label: Mapped[str | None] = mapped_column(String(255), nullable=True)
     eval_label: Mapped[str | None] = mapped_column(String(255), nullable=True)
-    upload_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    upload_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # 4 files, no cap
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Celery mode: when a task for the job was last handed to the broker (None: not yet, so
+    # the API sends one), and when its run last proved alive (a stale beat means a lost worker).
+    dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     __table_args__ = (
         Index("ix_jobs_state_seq", "state", "seq"),

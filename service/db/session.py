@@ -58,9 +58,10 @@ def session_scope(settings: Settings) -> Iterator[Session]:
         yield session
 
 
-def dispose_engines() -> None:
-    """Close every pooled connection (before a fork, and at shutdown)."""
+def dispose_engines(close: bool = True) -> None:
+    """Drop every pooled connection: closed (at shutdown), or only forgotten (``close=False``,
+    in a forked child, whose parent still uses them: closing would end them for the parent)."""
     with _lock:
         for engine in _engines.values():
-            engine.dispose()
+            engine.dispose(close=close)
         _engines.clear()
