@@ -77,6 +77,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_time_limit": hard_limit,
         "worker_prefetch_multiplier": 1,
         "worker_max_tasks_per_child": 1,
+        # Broker connection lost: let running conversions finish (their job row records the
+        # outcome; the message that comes back finds the job busy or done). Celery 6 flips this.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_send_task_events": False,
         "worker_hijack_root_logger": False,
     }

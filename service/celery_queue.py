@@ -16,6 +16,8 @@ import logging
 import threading
 import time
 
+from kombu.utils.url import maybe_sanitize_url
+
 from . import jobs
 from .celery_app import QUEUE_NAME, TASK_NAME, clean_leftovers, make_celery
 from .db import session_scope
@@ -36,9 +38,11 @@ class CeleryQueue:
         self._thread: threading.Thread | None = None
         self._cleanups: dict[str, float] = {}  # cancelled job -> when its worker surely stopped
         self._lock = threading.Lock()
+        self._broker_error: str | None = None  # from the last check, every heartbeat_s
 
     # -- the interface -------------------------------------------------------------------
     def start(self) -> None:
+        self._check_broker()
         with session_scope(self.settings) as session:
             waiting = jobs.queued_ids(session)
         for job_id in waiting:
@@ -64,8 +68,23 @@ class CeleryQueue:
         with self._lock:
             self._cleanups[job_id] = time.monotonic() + self.settings.lease_s
 
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+    def problem(self) -> str | None:
+        if self._thread is None or not self._thread.is_alive():
+            return "the job reconciler is not running; lost jobs would not be recovered"
+        return self._broker_error
+
+    def _check_broker(self) -> None:
+        try:
+            with self.app.connection_for_write() as connection:
+                connection.ensure_connection(max_retries=1, interval_start=0, timeout=2)
+        except Exception as error:
+            url = maybe_sanitize_url(self.settings.broker_url)
+            self._broker_error = (
+                f"the broker at {url} (EDGE_UN_BROKER_URL) does not answer "
+                f"({type(error).__name__}); jobs are accepted but wait until it does"
+            )
+        else:
+            self._broker_error = None
 
     # -- the reconciler ------------------------------------------------------------------
     def _send(self, job_id: str) -> bool:
@@ -86,6 +105,7 @@ class CeleryQueue:
                 log.exception("reconciling jobs with the broker failed; retrying")
 
     def _reconcile(self) -> None:
+        self._check_broker()
         with session_scope(self.settings) as session:
             requeued, failed = jobs.recover_lost(
                 session, self.settings.lease_s, self.settings.max_attempts

@@ -57,8 +57,8 @@ class JobQueue(Protocol):
     def cancel(self, job_id: str) -> None:
         """A job was marked cancelled: stop its process if it has one."""
 
-    def alive(self) -> bool:
-        """Whether jobs are being dispatched (for /readyz)."""
+    def problem(self) -> str | None:
+        """Why jobs would not run now (for /readyz), or None when they would."""
 
 
 def make_queue(settings: Settings) -> JobQueue:
@@ -128,8 +128,10 @@ class LocalProcessQueue:
     def cancel(self, job_id: str) -> None:
         self._wake.set()
 
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+    def problem(self) -> str | None:
+        if self._thread is None or not self._thread.is_alive():
+            return "the job dispatcher is not running; jobs would wait forever"
+        return None
 
     # -- the dispatcher thread -----------------------------------------------------------
     def _recover(self) -> None:

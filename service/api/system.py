@@ -50,7 +50,8 @@ def healthz() -> Health:
     "/readyz", response_model=Health, tags=["health"], responses={503: {"description": "a problem"}}
 )
 def readyz(services: ServicesDep) -> Health:
-    """The database answers, the data directory is writable and jobs are being dispatched."""
+    """The database answers, the data directory is writable and jobs are being dispatched
+    (in Celery mode: the broker answers)."""
     try:
         with session_scope(services.settings) as session:
             session.execute(text("SELECT 1"))
@@ -58,8 +59,9 @@ def readyz(services: ServicesDep) -> Health:
         raise Problem(503, f"the database does not answer ({type(error).__name__})") from None
     if not os.access(services.settings.data_dir, os.W_OK):
         raise Problem(503, f"the data directory {services.settings.data_dir} is not writable")
-    if not services.queue.alive():
-        raise Problem(503, "the job dispatcher is not running; jobs would wait forever")
+    problem = services.queue.problem()
+    if problem is not None:
+        raise Problem(503, problem)
     return Health(status="ok")
 
 

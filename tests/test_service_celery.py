@@ -1,0 +1,170 @@
+"""Celery mode at scale, against real servers on 127.0.0.1: PostgreSQL, Redis, the API and two
+``edge-un worker`` processes. Many clients, a worker killed mid-conversion, Redis restarted
+mid-queue and down at submit time: every job completes exactly once, nothing is lost.
+
+(The rest of the service suite runs in this mode too, through the ``service_mode`` fixture.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+
+from edge_un import examples
+
+from .service_live import (
+    ROOT,
+    LiveServer,
+    ServiceMode,
+    fast_job_files,
+    job_processes,
+    upload,
+    upload_fast,
+    wait_for,
+)
+
+MODEL = examples.path("vit-mnist-un")
+CLIENTS, JOBS_EACH = 5, 2
+
+
+@pytest.fixture
+def celery_mode(postgres_server, redis_server) -> ServiceMode:
+    return ServiceMode("celery", postgres_server, redis_server)
+
+
+@pytest.fixture
+def cluster(tmp_path, celery_mode):
+    """The API and two workers, stopped after the test."""
+    fast_job_files()  # build the inputs before any clock starts
+    server = celery_mode.server(tmp_path / "data", EDGE_UN_WORKERS="2").start()
+    yield server
+    server.stop()
+
+
+def runs_by_worker(server: LiveServer, expected: int) -> dict[str, list[tuple[str, int]]]:
+    """(job id, attempt) of every conversion each worker ran to its end, from its log, once
+    ``expected`` runs are there (a worker logs a task's end just after the job recorded it)."""
+    ended = re.compile(r"edge_un\.convert\[(\w+)\] succeeded .*'attempt (\d+) ended")
+    deadline = time.monotonic() + 30
+    while True:
+        runs = {
+            w.name: [(m[1], int(m[2])) for m in ended.finditer(w.log())] for w in server.workers
+        }
+        if sum(map(len, runs.values())) >= expected or time.monotonic() > deadline:
+            return runs
+
+
+def worker_running(server: LiveServer, job_id: str) -> int:
+    """Index (in server.workers) of the worker whose pool process runs ``job_id``."""
+    (pid,) = job_processes(server, job_id)
+    parent = psutil.Process(pid).ppid()
+    return next(i for i, w in enumerate(server.workers) if w.process.pid == parent)
+
+
+def test_ten_conversions_from_five_clients_on_two_workers(cluster):
+    secrets = [cluster.token(f"client-{i}") for i in range(CLIENTS)]
+
+    def client_run(secret: str) -> list[dict]:
+        with cluster.client(secret) as client:
+            ids = [upload_fast(client).json()["id"] for _ in range(JOBS_EACH)]
+            done = [wait_for(client, i, ("succeeded",), timeout=600) for i in ids]
+            for job in done:  # artifacts come from the API, whichever worker made them
+                artifact = client.get(f"/v1/conversions/{job['id']}/artifacts/cpu/model_int8.onnx")
+                assert artifact.status_code == 200 and len(artifact.content) > 10_000
+            return done
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        jobs = [job for done in pool.map(client_run, secrets) for job in done]
+    ids = {job["id"] for job in jobs}
+    assert len(ids) == CLIENTS * JOBS_EACH
+    assert all(job["attempts"] == 1 for job in jobs)
+    runs = runs_by_worker(cluster, len(ids))
+    every_run = [run for worker_runs in runs.values() for run in worker_runs]
+    assert sorted(every_run) == sorted((i, 1) for i in ids), "a job ran twice, or never"
+    assert all(runs.values()), f"one worker ran nothing: {runs}"
+
+
+def test_worker_killed_mid_conversion_the_other_completes_its_job(cluster):
+    with cluster.client(cluster.token()) as client:
+        # the first runs long enough (a torch export first) to be surely mid-way when killed
+        victim = upload(client, MODEL).json()["id"]
+        others = [upload_fast(client).json()["id"] for _ in range(3)]
+        wait_for(client, victim, ("running",), stage_not_in=("starting", None, "load"))
+        killed = worker_running(cluster, victim)
+        cluster.workers[killed].kill()
+        survivor = cluster.workers[1 - killed]
+        again = wait_for(client, victim, ("succeeded",), timeout=600)
+        assert again["attempts"] == 2, again
+        finished = [wait_for(client, i, ("succeeded",), timeout=600) for i in others]
+        assert all(job["attempts"] == 1 for job in finished)
+        listing = client.get("/v1/conversions", params={"limit": 100}).json()
+        assert sorted(j["id"] for j in listing["items"]) == sorted([victim, *others])
+    runs = runs_by_worker(cluster, 1 + len(others))
+    assert (victim, 2) in runs[survivor.name], runs  # redelivered to the other worker
+    assert [run for run in runs[cluster.workers[killed].name] if run[0] == victim] == []
+    every_run = [run for worker_runs in runs.values() for run in worker_runs]
+    assert sorted(every_run) == sorted([(victim, 2), *((i, 1) for i in others)])
+    leftovers = list((cluster.data_dir / "artifacts" / ".staging").glob(f"{victim}-*"))
+    assert leftovers == [], "the killed run's staging directory was left behind"
+
+
+def test_redis_restarted_mid_queue_and_down_at_submit(cluster, redis_server):
+    with cluster.client(cluster.token()) as client:
+        queued = [upload_fast(client).json()["id"] for _ in range(4)]
+        wait_for(client, queued[0], ("running",))
+        redis_server.restart()  # with jobs queued in it and one running
+        redis_server.stop()
+        try:
+            # the broker is down: the upload is still accepted, recorded, and sent later
+            late = upload_fast(client)
+            assert late.status_code == 202, late.text
+            assert client.get(f"/v1/conversions/{late.json()['id']}").status_code == 200
+            unready = _readyz_within(client, 503, timeout=10)
+            assert "broker" in unready["detail"] and "EDGE_UN_BROKER_URL" in unready["detail"]
+        finally:
+            redis_server.start()
+        _readyz_within(client, 200, timeout=10)
+        ids = [*queued, late.json()["id"]]
+        done = [wait_for(client, i, ("succeeded",), timeout=600) for i in ids]
+        assert all(job["attempts"] == 1 for job in done)
+    every_run = [run for runs in runs_by_worker(cluster, len(ids)).values() for run in runs]
+    assert sorted(every_run) == sorted((i, 1) for i in ids)
+    assert "could not send job" in cluster.log()  # the late job really met a dead broker
+
+
+def _readyz_within(client, status: int, timeout: float) -> dict:
+    """/readyz's body once it answers ``status`` (the broker is checked every heartbeat)."""
+    deadline = time.monotonic() + timeout
+    while (response := client.get("/readyz")).status_code != status:
+        assert time.monotonic() < deadline, response.text
+        time.sleep(0.2)
+    return response.json()
+
+
+def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_UN_")}
+    environ.update(env)
+    command = [sys.executable, "-m", "service.cli", *args]
+    return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True)
+
+
+def test_worker_needs_the_celery_settings_and_answers_its_health_check(cluster, tmp_path):
+    local = _cli("worker", EDGE_UN_DATA_DIR=str(tmp_path / "x"))
+    assert local.returncode == 1
+    assert local.stderr.strip().count("\n") == 0 and "EDGE_UN_QUEUE=celery" in local.stderr
+    no_broker = _cli("worker", EDGE_UN_QUEUE="celery")
+    assert no_broker.returncode == 1 and "EDGE_UN_BROKER_URL" in no_broker.stderr
+    assert "Traceback" not in local.stderr + no_broker.stderr
+
+    env = {k: v for k, v in cluster.env.items() if k.startswith("EDGE_UN_")}
+    name = f"{cluster.workers[0].name}@{os.uname().nodename}"
+    assert _cli("worker", "--check", "--hostname", name, **env).returncode == 0
+    absent = _cli("worker", "--check", "--hostname", "nobody@nowhere", **env)
+    assert absent.returncode == 1 and "did not answer" in absent.stderr
