@@ -35,16 +35,15 @@ from .drift import onnx_runner
 from .errors import DataFileError, QuantError
 from .job import Bars, TargetJob
 from .onnx_target import build_onnx_target
+from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
 from .records import artifact_record
 from .summary import summary_markdown
-from .targets import TargetProfile, parse_targets
+from .targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, TargetProfile, parse_targets
 from .tflite_target import build_tflite_target
 
 Progress = Callable[[str, float], None]
 REPORT_NAME = "report.json"
 SUMMARY_NAME = "report.md"
-DEFAULT_MAX_DRIFT = 0.5
-DEFAULT_MIN_AGREEMENT = 0.99
 
 
 @dataclass(frozen=True)
@@ -70,23 +69,38 @@ def convert(
     min_agreement: float = DEFAULT_MIN_AGREEMENT,
     allow_online: bool = False,
     latency_runs: int = 100,
+    recalibrate_batches: int = 0,
 ) -> schema.Report:
     """Convert ``model`` for ``targets`` (names or "cpu,imx93"; default all) into ``out_dir``.
 
     ``allow_online`` lets a LayerNorm model through (its norms stay: decomposed into int8 ops in
     TFLite, float in ORT), for comparisons; by default such a model is refused with the advice
-    to migrate it.
+    to migrate it. ``recalibrate_batches`` > 0 (a checkpoint with offline norms only) first
+    recomputes every offline norm's inference statistics over that many batches of the
+    calibration data (``calib``, else the checkpoint's training split) with
+    :func:`edge_un.recalibrate`, then folds; the report's ``recalibration`` says how it went.
     """
     say = progress or (lambda stage, fraction: None)
     profiles = parse_targets(",".join(targets) if isinstance(targets, list | tuple) else targets)
     if max_drift < 0:
         raise QuantError(f"max_drift must be >= 0 points, got {max_drift}")
+    if recalibrate_batches < 0:
+        raise QuantError(f"recalibrate_batches must be >= 0, got {recalibrate_batches}")
     out_dir = Path(out_dir).resolve()  # artifact names are relative to it, tools return absolute
     say("load", 0.01)
     folded = load_and_fold(model, config=config, allow_online=allow_online)
+    if recalibrate_batches:
+        check_recalibratable(folded)
     spec = _input_spec(folded)
     calibration = _samples(calib, folded, spec, "calibration")
     evaluation = _samples(eval, folded, spec, "evaluation")
+    recalibration = None
+    if recalibrate_batches:
+        say("recalibrate", 0.03)
+        data = calibration if calib is not None else None  # None: the checkpoint's train split
+        folded, recalibration = recalibrate_and_fold(
+            folded, data, evaluation, recalibrate_batches, allow_online
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     bars = Bars(max_drift, min_agreement)
     exports: dict[tuple[int, bool], Export] = {}
@@ -119,7 +133,9 @@ def convert(
             f"fp32 folded model exported at opset {e.opset}, "
             f"{'static batch 1' if e.static_batch else 'dynamic batch'}: {e.path.name}"
             for e in exports.values()
-        ],
+        ]
+        + ([recalibration_note(recalibration, recalibrate_batches)] if recalibration else []),
+        recalibration=recalibration,
     )
     result.write(out_dir / REPORT_NAME)
     (out_dir / SUMMARY_NAME).write_text(summary_markdown(result))

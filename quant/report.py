@@ -127,6 +127,30 @@ class TargetReport(_Model):
     )
 
 
+class LayerTID(_Model):
+    tid_before: float
+    tid_after: float
+
+
+class Recalibration(_Model):
+    """The offline norms' inference statistics recomputed from data before folding
+    (``edge-un convert --recalibrate N``; ``edge_un.recalibrate``)."""
+
+    batches: int
+    batch_size: int
+    samples: int
+    source: str = Field(description="where the recalibration inputs came from")
+    mean_tid_before: float = Field(
+        description="training-inference discrepancy, mean over layers, statistics as trained"
+    )
+    mean_tid_after: float
+    top1_fp32_before: float | None = Field(
+        description="the unfolded torch model on the evaluation data, statistics as trained"
+    )
+    top1_fp32_after: float | None = Field(description="the same, statistics recalibrated")
+    layers: dict[str, LayerTID] = Field(description="per-layer TID, in execution order")
+
+
 class Report(_Model):
     schema_version: Literal["1.0"] = SCHEMA_VERSION
     edge_un_version: str
@@ -137,6 +161,9 @@ class Report(_Model):
     min_agreement: float
     targets: dict[str, TargetReport]
     notes: list[str] = []
+    recalibration: Recalibration | None = Field(
+        default=None, description="set when the norm statistics were recalibrated before folding"
+    )
 
     def write(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2) + "\n")

@@ -17,6 +17,11 @@ ArtifactKind = Literal["onnx_qdq", "tflite", "vela"]
 ActivationType = Literal["int8", "uint8"]
 Fallback = Literal["int16_tensors", "int16_model", "none"]
 
+# The accuracy bar an artifact must meet (top-1 points it may lose, top-1 agreement with fp32);
+# here, not in the pipeline, so the HTTP API can read it without importing torch.
+DEFAULT_MAX_DRIFT = 0.5
+DEFAULT_MIN_AGREEMENT = 0.99
+
 # Ops Vela 5.2 places on Ethos-U65 for int8 graphs (subset this project's models use; Vela's
 # own summary is the authority for a compiled file, this list is only for reporting early).
 ETHOS_U_OPS = frozenset({

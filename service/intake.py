@@ -55,7 +55,7 @@ def parse_targets(text: str | None) -> str:
 
 
 def parse_max_drift(text: str | None) -> float:
-    from quant.pipeline import DEFAULT_MAX_DRIFT
+    from quant.targets import DEFAULT_MAX_DRIFT
 
     if text is None or not text.strip():
         return DEFAULT_MAX_DRIFT

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import ColumnElement, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from .db import Job, JobStage
@@ -254,7 +254,8 @@ def _stale_before(lease_s: float) -> datetime:
     return utcnow() - timedelta(seconds=lease_s)
 
 
-def _last_sign_of_life():
+def _last_sign_of_life() -> ColumnElement[datetime]:
+    """A running job's last heartbeat, or its start if it has not beaten yet."""
     return func.coalesce(Job.heartbeat_at, Job.started_at)
 
 

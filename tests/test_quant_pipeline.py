@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 import edge_un
@@ -183,3 +185,62 @@ def test_an_onnx_model_from_elsewhere_converts_with_user_data(tmp_path: Path) ->
         target = report.targets[name]
         assert target.status in ("ok", "over_bar"), target.error
         assert target.opset == opset and target.drift.samples == 200
+
+
+def test_convert_recalibrate_changes_only_the_norm_statistics(tmp_path: Path, one_thread) -> None:
+    """``--recalibrate N``: the offline norms' statistics are recomputed before folding. The
+    folded fp32 model then differs from the plain conversion's exactly in the weights the norms
+    fold into (UN is uncentred, so its shift is its bias, which recalibration leaves alone), by
+    one factor per input channel; the report records it. An ONNX input, or a model without an
+    offline norm, is refused in one line."""
+    from onnx import numpy_helper
+
+    from converters.pipeline import export_folded, load_and_fold
+    from quant.errors import QuantError
+    from quant.pipeline import convert
+
+    out = tmp_path / "recal"
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "convert", "vit-mnist-un", "--target", "cpu",
+         "--recalibrate", "4", "-o", str(out)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "norm statistics recalibrated before folding: 4 batches" in result.stdout
+    report = Report.read(out / "report.json")
+    recal = report.recalibration
+    assert recal is not None and recal.batches == 4 and recal.samples == 4 * recal.batch_size
+    assert recal.source == "checkpoint train split" and len(recal.layers) == 9
+    assert recal.mean_tid_after < recal.mean_tid_before
+    assert recal.top1_fp32_after == pytest.approx(report.reference.top1_fp32, abs=2e-3)
+    assert report.targets["cpu"].status in ("ok", "over_bar")
+
+    fp32 = next(a for a in report.targets["cpu"].artifacts if a.name.startswith("fp32/"))
+    plain = tmp_path / "plain.onnx"
+    opset = report.targets["cpu"].opset
+    export_folded(
+        load_and_fold(examples.path("vit-mnist-un")), plain, opset=opset, dynamic_batch=True
+    )
+
+    def weights(path: Path) -> dict[str, np.ndarray]:
+        return {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+
+    before, after = weights(plain), weights(out / fp32.name)
+    assert before.keys() == after.keys()
+    changed = {k for k in before if not np.array_equal(before[k], after[k])}
+    # blocks.i.norm1 -> qkv (64 x 192), norm2 -> fc1 (64 x 128), the final norm -> head (10 x 64)
+    consumers = {k for k, v in before.items() if v.shape in ((64, 192), (64, 128), (10, 64))}
+    assert changed == consumers and len(changed) == 9
+    for name in changed:
+        ratio = after[name] / before[name]
+        axis = 0 if name == "head.weight" else 1  # head: (out, in); MatMul weights: (in, out)
+        assert np.allclose(ratio, ratio.take([0], axis=axis), rtol=1e-4), name
+
+    for source, kwargs, message in (
+        (out / fp32.name, {}, "cannot recalibrate an ONNX model"),
+        (examples.path("vit-mnist-ln"), {"allow_online": True}, "no offline norm to recalibrate"),
+    ):
+        with pytest.raises(QuantError, match=message):
+            convert(source, targets="cpu", out_dir=tmp_path / "refused", recalibrate_batches=2,
+                    **kwargs)  # fmt: skip
+    assert not (tmp_path / "refused").exists()

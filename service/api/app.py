@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
 from fastapi import FastAPI
-
-import edge_un
 
 from .. import problems
 from ..db import upgrade
@@ -42,6 +42,9 @@ def create_app(settings: Settings, queue: JobQueue | None = None) -> FastAPI:
                 "server can upload, read and delete jobs; use it only locally"
             )
         await anyio.to_thread.run_sync(services.queue.start)
+        # Upload checks build the uploaded model with torch (service.model_checks): import it
+        # now, beside serving, so the first upload does not wait seconds for it.
+        threading.Thread(target=importlib.import_module, args=("edge_un",), daemon=True).start()
         try:
             yield
         finally:
@@ -49,7 +52,8 @@ def create_app(settings: Settings, queue: JobQueue | None = None) -> FastAPI:
 
     app = FastAPI(
         title="edge-un conversion service",
-        version=edge_un.__version__,
+        # from the package metadata: importing edge_un would load torch into the API process
+        version=importlib.metadata.version("edge-un"),
         description="Upload a Transformer checkpoint; get int8 artifacts for edge targets, "
         "with a report of the accuracy they cost and how fast they run.",
         lifespan=lifespan,

@@ -65,6 +65,15 @@ def convert(
     ] = 0.5,
     config: Config = None,
     allow_online: AllowOnline = False,
+    recalibrate: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            min=0,
+            help="First recompute the offline norms' inference statistics over N batches of the "
+            "calibration data (--calib, else the checkpoint's train split); checkpoints only.",
+        ),
+    ] = 0,
 ) -> int:
     """Fold the norms, quantize to int8 for each edge target, measure drift and latency.
 
@@ -72,6 +81,7 @@ def convert(
     1 if a target failed outright (a target over the drift bar is reported, not an error).
     """
     from quant.pipeline import convert as run_convert
+    from quant.recalibration import recalibration_note
 
     model = _source(source)
     out_dir = Path(out) if out else Path("edge-un-out") / model.stem
@@ -86,9 +96,12 @@ def convert(
             progress=progress,
             config=config,
             allow_online=allow_online,
+            recalibrate_batches=recalibrate,
         )
     console = output.stdout()
     print_summary(console, report)
+    if report.recalibration is not None:
+        console.print(recalibration_note(report.recalibration, recalibrate))
     console.print(f"wrote {out_dir}/ (report.md, report.json and the artifacts)")
     failed = [t.name for t in report.targets.values() if t.status == "failed"]
     return 1 if failed else 0
