@@ -114,7 +114,8 @@ async def create_conversion(
         services.store,
         services.metrics,
     )
-    services.queue.submit(job.id)
+    # in a thread: a Celery publish is network I/O (and waits out a broker that is away)
+    await anyio.to_thread.run_sync(services.queue.submit, job.id)
     out = JobOut.of(job, _base(request))
     response.headers["Location"] = out.links["self"]
     return out
