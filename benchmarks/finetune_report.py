@@ -10,7 +10,8 @@ from typing import Any
 AGREEMENT_BAR, DROP_BAR, FP32_BAR = 0.99, 0.5, 0.2  # int8-ready bars (issue 10)
 
 
-def _ms(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
+def mean_std(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    """``scale * values`` as "mean ± std" (std 0 for one value; "-" for none)."""
     if not values:
         return "-"
     values = [scale * v for v in values]
@@ -42,16 +43,18 @@ def _migration_table(runs: dict[str, dict[str, Any]]) -> list[str]:
         "fine-tune | int8 agreement | int8 drop (pt) | time / run (s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for (task, mode, epochs, lr), group in _group(runs, "migrate", ("task", "mode", "epochs", "lr")).items():  # noqa: E501
+    for (task, mode, epochs, lr), group in _group(
+        runs, "migrate", ("task", "mode", "epochs", "lr")
+    ).items():
         loss = "KL + labels" if mode == "distill" else "labels only"
         lines.append(
             f"| {task} | {loss} | {epochs} | {lr:g} | {_seeds(group)} "
-            f"| {_ms([r['test_accuracy'] for r in group])} "
-            f"| {_ms([r['teacher_test_accuracy'] for r in group])} "
-            f"| {_ms([r['test_agreement_with_teacher'] for r in group])} "
-            f"| {_ms([r['initial_agreement'] for r in group])} "
-            f"| {_ms([r['int8_ort']['agreement'] for r in group])} "
-            f"| {_ms([r['int8_ort']['drop_points'] for r in group], scale=1.0, digits=2)} "
+            f"| {mean_std([r['test_accuracy'] for r in group])} "
+            f"| {mean_std([r['teacher_test_accuracy'] for r in group])} "
+            f"| {mean_std([r['test_agreement_with_teacher'] for r in group])} "
+            f"| {mean_std([r['initial_agreement'] for r in group])} "
+            f"| {mean_std([r['int8_ort']['agreement'] for r in group])} "
+            f"| {mean_std([r['int8_ort']['drop_points'] for r in group], scale=1.0, digits=2)} "
             f"| {statistics.mean(r['seconds'] for r in group):.0f} |"
         )
     zero = [r for r in runs.values() if r["stage"] == "zero"]
@@ -72,7 +75,7 @@ def _migration_table(runs: dict[str, dict[str, Any]]) -> list[str]:
         for (task, epochs), group in scratch.items():
             lines.append(
                 f"- {task}, {epochs} epochs, seeds {_seeds(group)}: test accuracy "
-                f"{_ms([r['test_accuracy'] for r in group])} %, "
+                f"{mean_std([r['test_accuracy'] for r in group])} %, "
                 f"{statistics.mean(r['seconds'] for r in group):.0f} s / run"
             )
     return lines
@@ -114,10 +117,10 @@ def _int8_table(runs: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {source} | {method} | {weight:g} | {'' if target is None else f'{target:g}'} "
             f"| {epochs} | {lr:g} | {_seeds(group)} "
-            f"| {_ms([r['test_accuracy'] for r in group])} "
+            f"| {mean_std([r['test_accuracy'] for r in group])} "
             f"({100 * group[0]['source_test_accuracy']:.1f}) "
-            f"| {_ms(change, scale=1.0, digits=2)} | {_ms(agreements)} "
-            f"| {_ms(drops, scale=1.0, digits=2)} "
+            f"| {mean_std(change, scale=1.0, digits=2)} | {mean_std(agreements)} "
+            f"| {mean_std(drops, scale=1.0, digits=2)} "
             f"| {statistics.mean(max(r['ranges_after'].values()) for r in group):.1f} "
             f"| {met}/{len(group)} |"
         )

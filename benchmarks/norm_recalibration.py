@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import norm_comparison as nc  # the sibling script (this script's directory is on sys.path)
+from finetune_report import mean_std
 
 RESULTS = nc.RESULTS
 JSON_PATH = RESULTS / "norm_recalibration.json"
@@ -158,14 +159,6 @@ def save_runs(runs: list[dict[str, Any]], batches: int) -> None:
 # -- report ----------------------------------------------------------------------------------
 
 
-def _mean_std(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
-    if not values:
-        return "-"
-    values = [scale * v for v in values]
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.{digits}f} ± {std:.{digits}f}"
-
-
 def _ranks(values: list[float]) -> list[float]:
     order = sorted(range(len(values)), key=values.__getitem__)
     ranks = [0.0] * len(values)
@@ -219,13 +212,13 @@ def generated_text(runs: list[dict[str, Any]], batches: int) -> str:
                                     else "")  # fmt: skip
             lines.append(
                 f"| {task} | {norm} | {count} "
-                f"| {_mean_std([r['test_before'] for r in ok], 100)} "
-                f"| {_mean_std([r['test_after'] for r in ok], 100)} "
-                f"| {_mean_std([r['test_after'] - r['test_before'] for r in ok], 100, 2)} "
-                f"| {_mean_std([r['val_after'] - r['val_before'] for r in ok], 100, 2)} "
-                f"| {_mean_std([r['tid_before'] for r in ok], 1, 3)} "
-                f"| {_mean_std([r['tid_after'] for r in ok], 1, 3)} "
-                f"| {_mean_std([r['mean_shift'] for r in ok], 1, 3)} |"
+                f"| {mean_std([r['test_before'] for r in ok], 100)} "
+                f"| {mean_std([r['test_after'] for r in ok], 100)} "
+                f"| {mean_std([r['test_after'] - r['test_before'] for r in ok], 100, 2)} "
+                f"| {mean_std([r['val_after'] - r['val_before'] for r in ok], 100, 2)} "
+                f"| {mean_std([r['tid_before'] for r in ok], 1, 3)} "
+                f"| {mean_std([r['tid_after'] for r in ok], 1, 3)} "
+                f"| {mean_std([r['mean_shift'] for r in ok], 1, 3)} |"
             )
     ok = [r for r in runs if r["status"] == "ok"]
     if ok:
