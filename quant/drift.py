@@ -2,7 +2,8 @@
 
 ``measure_drift`` compares two sets of logits (top-1 with labels, agreement, cosine, max abs
 error); ``tensor_sqnr`` finds WHERE the error arises: every activation of the int8 ONNX model
-against the same tensor of the fp32 model (ONNX Runtime's ``qdq_loss_debug``), as SQNR in dB.
+against the same tensor of the fp32 model (paired by ONNX Runtime's ``qdq_loss_debug``), as SQNR
+in dB.
 """
 
 from __future__ import annotations
@@ -11,24 +12,20 @@ import contextlib
 import io
 import math
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnxruntime.quantization.qdq_loss_debug import (
-    collect_activations,
-    create_activation_matching,
-    modify_model_output_intermediate_tensors,
-)
+from onnxruntime.quantization.qdq_loss_debug import create_activation_matching
 
 from .data import Samples
-from .ort_int8 import SamplesReader
+from .ort_int8 import batches, saved_tensors, stream_batch
 
 EVAL_BATCH = 256
-SQNR_SAMPLES = 64  # enough to rank tensors; every activation of every sample is kept in memory
+SQNR_SAMPLES = 64  # enough to rank tensors; streamed, so only one batch is in memory at a time
 Runner = Callable[[np.ndarray], np.ndarray]
 
 
@@ -95,45 +92,71 @@ def onnx_runner(path: Path, threads: int = 0) -> Runner:
 
 
 def sqnr_db(reference: np.ndarray, actual: np.ndarray) -> float:
-    signal = float(np.linalg.norm(reference))
-    noise = float(np.linalg.norm(reference - actual))
-    if noise == 0.0:
-        return math.inf
-    return 20.0 * math.log10(max(signal, 1e-30) / noise)
+    return _sqnr_of_sums(*_square_sums(reference, actual))
 
 
 def tensor_sqnr(fp32_path: Path, int8_path: Path, samples: Samples) -> list[TensorError]:
-    """Every quantized activation of an int8 QDQ ONNX model, worst (lowest SQNR) first."""
+    """Every quantized activation of an int8 QDQ ONNX model, worst (lowest SQNR) first.
+
+    Streamed: both models run one batch at a time and each tensor keeps only its sums of
+    squares, because every activation of a ViT-Tiny sample alone is ~200 MB."""
     subset = samples.inputs[:SQNR_SAMPLES]
-    ops = {
-        out: node.op_type for node in onnx.load(str(fp32_path)).graph.node for out in node.output
-    }
+    fp32_model = onnx.load(str(fp32_path))
+    ops = {out: node.op_type for node in fp32_model.graph.node for out in node.output}
+    sums: dict[str, np.ndarray] = {}
+    pairs: dict[str, tuple[str, str, str]] = {}
     with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stdout(io.StringIO()):
-        activations = {}
-        for tag, path in (("fp32", fp32_path), ("int8", int8_path)):
-            augmented = Path(scratch) / f"{tag}.onnx"
-            modify_model_output_intermediate_tensors(str(path), str(augmented))
-            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-            first = session.get_inputs()[0]
-            batch = first.shape[0] if isinstance(first.shape[0], int) else len(subset)
-            reader = SamplesReader(first.name, subset, batch)
-            activations[tag] = collect_activations(str(augmented), reader)
-        matching = create_activation_matching(activations["int8"], activations["fp32"])
+        run_fp32 = saved_tensors(fp32_path, Path(scratch) / "fp32.onnx")
+        run_int8 = saved_tensors(int8_path, Path(scratch) / "int8.onnx")
+        for chunk in batches(subset, stream_batch(fp32_model)):
+            fp32, int8 = run_fp32(chunk), run_int8(chunk)
+            if not pairs:  # the same tensors come out of every batch
+                # graph inputs have no producing op (not a layer); tensors the int8 graph
+                # renamed or fused away have no fp32 twin
+                pairs = {n: p for n, p in _matched(int8, fp32).items() if n in ops}
+                sums = {name: np.zeros(4) for name in pairs}
+            for name, (reference, pre_qdq, post_qdq) in pairs.items():
+                sums[name] += np.concatenate(
+                    [
+                        _square_sums(fp32[reference], int8[post_qdq]),
+                        _square_sums(int8[pre_qdq], int8[post_qdq]),
+                    ]
+                )
+            del fp32, int8  # before the next batch's tensors arrive
     found = [
-        TensorError(
-            name,
-            ops[name],
-            _sqnr_of_lists(match["float"], match["post_qdq"]),
-            _sqnr_of_lists(match["pre_qdq"], match["post_qdq"]),
-        )
-        for name, match in matching.items()
-        # graph inputs have no producing op (not a layer); tensors the int8 graph renamed or
-        # fused away have no fp32 twin
-        if name in ops and match.get("float")
+        TensorError(name, ops[name], _sqnr_of_sums(*total[:2]), _sqnr_of_sums(*total[2:]))
+        for name, total in sums.items()
     ]
     return sorted(found, key=lambda e: e.sqnr_db)
 
 
-def _sqnr_of_lists(reference: list[np.ndarray], actual: list[np.ndarray]) -> float:
-    flat = [np.concatenate([t.ravel() for t in tensors]) for tensors in (reference, actual)]
-    return sqnr_db(*flat)
+def _matched(
+    int8: Mapping[str, object], fp32: Mapping[str, object]
+) -> dict[str, tuple[str, str, str]]:
+    """Activation -> (its fp32 tensor, its int8 tensor before Q/DQ, after), by ORT's own naming
+    rules: ``create_activation_matching`` pairs whatever values it is given, so it is given the
+    tensor names (in the int8 model's output order, which the final sort keeps for ties)."""
+    matching = create_activation_matching({n: n for n in int8}, {n: n for n in fp32})
+    return {
+        name: (match["float"], match["pre_qdq"], match["post_qdq"])
+        for name, match in matching.items()
+        if "float" in match
+    }
+
+
+def _square_sums(reference: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    """[sum reference^2, sum (reference - actual)^2], in float64: SQNR over all samples is the
+    ratio of these totals, so a batch contributes its two sums and nothing else."""
+    noise = reference - actual
+    return np.array([_sum_of_squares(reference), _sum_of_squares(noise)])
+
+
+def _sum_of_squares(values: np.ndarray) -> float:
+    flat = values.ravel().astype(np.float64)
+    return float(flat @ flat)
+
+
+def _sqnr_of_sums(signal_sq: float, noise_sq: float) -> float:
+    if noise_sq == 0.0:
+        return math.inf
+    return 20.0 * math.log10(max(math.sqrt(signal_sq), 1e-30) / math.sqrt(noise_sq))

@@ -125,27 +125,50 @@ def _activations(path: str | Path) -> dict[int, str]:
     return {index: op for op, outs, _ in _op_outputs(path) for index in outs}
 
 
+class _AllTensors:
+    """One interpreter that keeps every tensor, for all samples: ``run`` one sample (the files
+    have a static batch of 1), then ``read`` any activation of it by name, dequantized."""
+
+    def __init__(self, path: str | Path, inputs: np.ndarray) -> None:
+        self.interp = _interpreter(path, all_tensors=True)
+        self.feed = _prepared(self.interp, inputs)
+        self.input_index = self.interp.get_input_details()[0]["index"]
+        produced = _activations(path)
+        self.details: dict[str, list[Mapping]] = {}  # a name can (rarely) hold several tensors
+        for detail in self.interp.get_tensor_details():
+            if detail["index"] in produced:
+                self.details.setdefault(detail["name"], []).append(detail)
+
+    def __len__(self) -> int:
+        return self.feed.shape[0]
+
+    def run(self, sample: int) -> None:
+        self.interp.set_tensor(self.input_index, self.feed[sample : sample + 1])
+        self.interp.invoke()
+
+    def read(self, name: str) -> np.ndarray:
+        """The named tensor(s) on the last sample run, float32: (tensors with that name, *shape)."""
+        found = [_dequantize(self.interp.get_tensor(d["index"]), d) for d in self.details[name]]
+        return np.stack(found)
+
+
 def tensor_values(path: str | Path, inputs: np.ndarray) -> dict[str, np.ndarray]:
     """Every activation of the file (each op's outputs, not the constants), dequantized to
     float32, stacked over the samples: {TFLite tensor name: (N, *shape)}.
 
     Runs the builtin kernels without XNNPACK, keeping all tensors: slower than ``run_tflite``
-    and memory-hungry (every tensor of every sample), so pass a few dozen samples. Names are
-    the file's own; the same saved_model gives the same names in its int8, 16x8 and float32
-    files, so compare files by name. ``onnx_names`` maps them back to ONNX tensor names.
+    and memory-hungry (every tensor of every sample), so pass a few dozen samples (to reduce
+    over many samples, stream them as ``tensor_sqnr_tflite`` does). Names are the file's own;
+    the same saved_model gives the same names in its int8, 16x8 and float32 files, so compare
+    files by name. ``onnx_names`` maps them back to ONNX tensor names.
     """
-    interp = _interpreter(path, all_tensors=True)
-    feed = _prepared(interp, inputs)
-    in_index = interp.get_input_details()[0]["index"]
-    produced = _activations(path)
-    details = [d for d in interp.get_tensor_details() if d["index"] in produced]
-    values: dict[str, list[np.ndarray]] = {d["name"]: [] for d in details}
-    for i in range(feed.shape[0]):
-        interp.set_tensor(in_index, feed[i : i + 1])
-        interp.invoke()
-        for d in details:
-            values[d["name"]].append(_dequantize(interp.get_tensor(d["index"]), d))
-    return {name: np.stack(v) for name, v in values.items()}
+    tensors = _AllTensors(path, inputs)
+    values: dict[str, list[np.ndarray]] = {name: [] for name in tensors.details}
+    for sample in range(len(tensors)):
+        tensors.run(sample)
+        for name, stacked in values.items():
+            stacked.append(tensors.read(name))
+    return {name: np.concatenate(v) for name, v in values.items()}
 
 
 def onnx_names(
@@ -178,9 +201,18 @@ def onnx_names(
 
 def sqnr_db(reference: np.ndarray, approx: np.ndarray) -> float:
     """Signal-to-quantization-noise ratio in dB (inf when identical)."""
+    return _sqnr_of_sums(*_square_sums(reference, approx))
+
+
+def _square_sums(reference: np.ndarray, approx: np.ndarray) -> np.ndarray:
+    """[sum reference^2, sum (reference - approx)^2] in float64: SQNR over many samples is the
+    ratio of their totals, so each sample adds these two and is dropped."""
     reference = reference.astype(np.float64)
     noise = float(np.sum((reference - approx.astype(np.float64)) ** 2))
-    signal = float(np.sum(reference**2))
+    return np.array([float(np.sum(reference**2)), noise])
+
+
+def _sqnr_of_sums(signal: float, noise: float) -> float:
     if noise == 0:
         return float("inf")
     return 10 * float(np.log10(max(signal, 1e-30) / noise))
@@ -191,17 +223,31 @@ def tensor_sqnr_tflite(
 ) -> list[tuple[str, str, float]]:
     """(tensor name, op type, SQNR dB) of every activation of ``quantized`` against the same
     tensor of ``reference``, the fp32 TFLite file of the same conversion
-    (``TfliteArtifacts.float32``: same saved_model, so same tensor names), worst first."""
+    (``TfliteArtifacts.float32``: same saved_model, so same tensor names), worst first.
+
+    Streamed: both files run one sample at a time and each tensor keeps only its two sums of
+    squares, because every activation of a ViT-Tiny sample alone is ~200 MB."""
     if Path(reference).suffix != ".tflite":
         raise ValueError("the SQNR reference must be the fp32 TFLite file of the same conversion")
     subset = np.asarray(inputs)[:samples]
-    pairs = aligned_tensors(quantized, reference)
-    q_values, f_values = tensor_values(quantized, subset), tensor_values(reference, subset)
-    rows = []
-    for name, (op, ref_name) in pairs.items():
-        value, ref = q_values.get(name), f_values.get(ref_name)
-        if value is not None and ref is not None and ref.shape == value.shape:
-            rows.append((name, op, sqnr_db(ref, value)))
+    q_tensors, f_tensors = _AllTensors(quantized, subset), _AllTensors(reference, subset)
+    aligned = aligned_tensors(quantized, reference)
+    pairs = {
+        name: ref_name
+        for name, (_, ref_name) in aligned.items()
+        if name in q_tensors.details and ref_name in f_tensors.details
+    }
+    sums = {name: np.zeros(2) for name in pairs}
+    for sample in range(len(subset)):
+        q_tensors.run(sample)
+        f_tensors.run(sample)
+        for name, ref_name in list(pairs.items()):
+            value, ref = q_tensors.read(name), f_tensors.read(ref_name)
+            if ref.shape == value.shape:
+                sums[name] += _square_sums(ref, value)
+            else:  # not the same tensor after all: no SQNR for it
+                del pairs[name]
+    rows = [(name, aligned[name][0], _sqnr_of_sums(*sums[name])) for name in pairs]
     return sorted(rows, key=lambda row: row[2])
 
 

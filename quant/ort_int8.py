@@ -2,9 +2,11 @@
 
 Nothing here calibrates by hand: ``quant_pre_process`` then ``quantize_static`` do the work; a
 profile only chooses the options, and ``int16_tensors`` moves named activations to 16 bits
-through ORT's ``TensorQuantOverrides`` (the drift fallback). Power-of-two scales (TIDL's simple
-calibration) are the one post-processing step: each scale is rounded UP to a power of two, so
-no calibrated value clips, and the integer weights are re-quantized to their new scale.
+through ORT's ``TensorQuantOverrides`` (the drift fallback). Around it, a profile may ask for
+ONNX Runtime's speed rewrites (``quant.ort_graph``: Linears as Gemm before, float inputs for
+Softmax/GELU after) and for power-of-two scales (TIDL's simple calibration): each scale becomes
+the power of two just below or above it, whichever quantizes the calibration values with the
+smaller squared error, and the integer weights are re-quantized to their new scale.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import contextlib
 import io
 import logging
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import numpy_helper
 from onnxruntime.quantization import (
     CalibrationDataReader,
@@ -28,15 +31,19 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 from onnxruntime.quantization.qdq_loss_debug import (
-    collect_activations,
+    _TENSOR_SAVE_POSTFIX,  # the suffix of the outputs it adds: its own naming rule, not copied
     modify_model_output_intermediate_tensors,
 )
 
 from .data import Samples
+from .ort_graph import float_inputs, linear_as_gemm
 from .targets import TargetProfile
 
 CALIBRATION_BATCH = 32
-POWER_OF_TWO_SAMPLES = 32  # activations kept in memory to choose each power-of-two scale
+POWER_OF_TWO_SAMPLES = 32  # calibration samples that choose each power-of-two activation scale
+# Samples per run when every tensor of a model is saved (a model without a static batch): all
+# of them are in memory at once, ~200 MB a sample for ViT-Tiny, so a few, not the whole set.
+STREAM_BATCH = 4
 ACTIVATION_TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
 
 
@@ -70,12 +77,10 @@ def quantize_onnx(
     input_name = model.graph.input[0].name
     static_batch = _static_batch(model)
     overrides = {name: [{"quant_type": QuantType.QInt16}] for name in int16_tensors}
-    activations: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory() as scratch, _quiet():
         prepared = Path(scratch) / "prepared.onnx"
-        quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=False)
-        if profile.power_of_two_scales:
-            activations = _activation_values(prepared, Path(scratch), calibration.inputs)
+        source = _with_gemm_linears(fp32_path, Path(scratch)) if profile.gemm_linears else fp32_path
+        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=False)
         quantize_static(
             str(prepared),
             str(out_path),
@@ -91,25 +96,95 @@ def quantize_onnx(
                 "TensorQuantOverrides": overrides,
             },
         )
-    if profile.power_of_two_scales:
+        if profile.power_of_two_scales:
+            # MinMax scales first: they give each activation its two power-of-two candidates
+            quantized = onnx.load(str(out_path))
+            scales = _activation_scales(
+                quantized, prepared, calibration.inputs[:POWER_OF_TWO_SAMPLES], Path(scratch)
+            )
+            round_scales_to_power_of_two(quantized, scales)
+            onnx.save_model(quantized, str(out_path))
+    if profile.float_inputs:
         quantized = onnx.load(str(out_path))
-        round_scales_to_power_of_two(quantized, activations)
+        float_inputs(quantized, profile.float_inputs)
         onnx.save_model(quantized, str(out_path))
     return out_path
 
 
-def _activation_values(
-    model_path: Path, scratch: Path, inputs: np.ndarray
+def _with_gemm_linears(fp32_path: Path, scratch: Path) -> Path:
+    """A copy of the fp32 model with its Linears as Gemm (``quant.ort_graph.linear_as_gemm``)."""
+    model = onnx.load(str(fp32_path))
+    linear_as_gemm(model)
+    rewritten = scratch / "gemm_linears.onnx"
+    onnx.save_model(model, str(rewritten))
+    return rewritten
+
+
+def _activation_scales(
+    quantized: onnx.ModelProto, fp32_path: Path, inputs: np.ndarray, scratch: Path
 ) -> dict[str, np.ndarray]:
-    """Every float tensor of the model on a few calibration samples (to choose power-of-2 scales
-    by error, not only by range)."""
-    augmented = scratch / "augmented.onnx"
+    """Scale name -> its best power of two, for each activation QuantizeLinear of ``quantized``
+    (by error, not only by range), judged on ``inputs`` run through the fp32 model it came from.
+
+    Streamed: a batch adds each candidate's squared error to its total and its tensors are
+    dropped; the choice compares the totals, as if all samples had been kept at once."""
+    initializers = {init.name: init for init in quantized.graph.initializer}
+    sites: dict[str, onnx.NodeProto] = {}  # scale -> the first QuantizeLinear using it decides
+    for node in quantized.graph.node:
+        if node.op_type == "QuantizeLinear":
+            sites.setdefault(node.input[1], node)
+    candidates = {
+        scale: power_of_two_candidates(numpy_helper.to_array(initializers[scale]))
+        for scale in sites
+    }
+    errors: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # scale -> (low's, high's) totals
+    run = saved_tensors(fp32_path, scratch / "augmented.onnx")
+    for chunk in batches(inputs, stream_batch(onnx.load(str(fp32_path)))):
+        values = run(chunk)
+        for scale, node in sites.items():
+            real = values.get(node.input[0])
+            if real is None:  # not a float tensor of the fp32 model: rounded up later
+                continue
+            zero_point = _zero_point(node, initializers)
+            dtype = _quantized_dtype(node, initializers)
+            low, high = (squared_error(real, c, zero_point, dtype) for c in candidates[scale])
+            total_low, total_high = errors.get(scale, (0.0, 0.0))
+            errors[scale] = (total_low + low, total_high + high)
+        del values  # before the next batch's tensors arrive
+    return {scale: _smaller_error(*candidates[scale], *errors[scale]) for scale in errors}
+
+
+def saved_tensors(
+    model_path: Path, augmented: Path
+) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
+    """A batch of inputs -> every float tensor of the model on it, flattened, by name.
+
+    ORT's ``collect_activations`` keeps every batch and builds a session per call; this builds
+    one session (graph optimizations off, as there: an int8 model runs its Q/DQ nodes as
+    written) on the model saved with all its tensors as outputs at ``augmented``, and returns
+    one batch's tensors for the caller to reduce and drop."""
     modify_model_output_intermediate_tensors(str(model_path), str(augmented))
-    model = onnx.load(str(model_path))
-    batch = _static_batch(model) or CALIBRATION_BATCH
-    reader = SamplesReader(model.graph.input[0].name, inputs[:POWER_OF_TWO_SAMPLES], batch)
-    collected = collect_activations(str(augmented), reader)
-    return {name: np.concatenate([v.ravel() for v in values]) for name, values in collected.items()}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.enable_cpu_mem_arena = False  # the arena would hold a batch's tensors after the run
+    session = ort.InferenceSession(str(augmented), options, providers=["CPUExecutionProvider"])
+    input_name = session.get_inputs()[0].name
+    saved = [o.name for o in session.get_outputs() if o.name.endswith(_TENSOR_SAVE_POSTFIX)]
+    names = [name[: -len(_TENSOR_SAVE_POSTFIX)] for name in saved]
+
+    def run(inputs: np.ndarray) -> dict[str, np.ndarray]:
+        return dict(zip(names, session.run(saved, {input_name: inputs}), strict=True))
+
+    return run
+
+
+def stream_batch(model: onnx.ModelProto) -> int:
+    """How many samples to run at once when every tensor is kept: the static batch, if any."""
+    return _static_batch(model) or STREAM_BATCH
+
+
+def batches(inputs: np.ndarray, batch: int) -> Iterator[np.ndarray]:
+    return (inputs[i : i + batch] for i in range(0, len(inputs), batch))
 
 
 def _static_batch(model: onnx.ModelProto) -> int | None:
@@ -123,6 +198,24 @@ def power_of_two_ceil(scale: np.ndarray) -> np.ndarray:
     return np.exp2(np.ceil(np.log2(scale))).astype(scale.dtype)
 
 
+def power_of_two_candidates(scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the power of two just below ``scale``'s ceiling power of two, that ceiling)."""
+    high = power_of_two_ceil(scale.astype(np.float64))
+    return high / 2, high
+
+
+def squared_error(
+    real: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, dtype: np.dtype
+) -> np.ndarray:
+    """Sum of squared quantize-dequantize errors of ``real`` with ``scale``, per element of
+    ``scale`` (summed over the axes it broadcasts along; kept, of size 1). A sum, so the error
+    over many batches is the sum of theirs."""
+    info = np.iinfo(dtype)
+    axes = tuple(i for i in range(real.ndim) if scale.ndim == 0 or scale.shape[i] == 1)
+    quantized = np.clip(np.round(real / scale) + zero_point, info.min, info.max)
+    return np.square((quantized - zero_point) * scale - real).sum(axis=axes, keepdims=True)
+
+
 def best_power_of_two(
     real: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, dtype: np.dtype
 ) -> np.ndarray:
@@ -130,30 +223,33 @@ def best_power_of_two(
     above it, whichever quantizes ``real`` with the smaller squared error. Rounding up never
     clips but loses up to one bit everywhere; rounding down keeps the bit and clips the tail,
     which wins for the heavy-tailed activations of a trained Transformer."""
-    high = power_of_two_ceil(scale.astype(np.float64))
-    low = high / 2
-    info = np.iinfo(dtype)
-    axes = tuple(i for i in range(real.ndim) if scale.ndim == 0 or scale.shape[i] == 1)
-    errors = []
-    for candidate in (low, high):
-        quantized = np.clip(np.round(real / candidate) + zero_point, info.min, info.max)
-        errors.append(
-            np.square((quantized - zero_point) * candidate - real).sum(axis=axes, keepdims=True)
-        )
-    return np.where(errors[0] < errors[1], low, high)
+    low, high = power_of_two_candidates(scale)
+    return _smaller_error(
+        low,
+        high,
+        squared_error(real, low, zero_point, dtype),
+        squared_error(real, high, zero_point, dtype),
+    )
+
+
+def _smaller_error(
+    low: np.ndarray, high: np.ndarray, low_error: np.ndarray, high_error: np.ndarray
+) -> np.ndarray:
+    return np.where(low_error < high_error, low, high)
 
 
 def round_scales_to_power_of_two(
-    model: onnx.ModelProto, activations: Mapping[str, np.ndarray] | None = None
+    model: onnx.ModelProto, activation_scales: Mapping[str, np.ndarray] | None = None
 ) -> None:
     """Every Quantize/DequantizeLinear scale -> a power of two, in place.
 
     Weights pick their power of two per channel on their own values and are re-quantized to it;
-    an activation picks on its calibration values in ``activations`` (tensor name -> values), or
-    rounds up when it has none (nothing clips); an int32 bias takes input scale x weight scale,
-    the scale integer kernels assume for it, and is re-quantized to that.
+    an activation takes the power of two chosen on its calibration values, given in
+    ``activation_scales`` (scale name -> power of two, from ``_activation_scales``), or rounds
+    up when it has none (nothing clips); an int32 bias takes input scale x weight scale, the
+    scale integer kernels assume for it, and is re-quantized to that.
     """
-    activations = activations or {}
+    activation_scales = activation_scales or {}
     initializers = {init.name: init for init in model.graph.initializer}
     qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
     constant = [n for n in qdq if n.op_type == "DequantizeLinear" and n.input[0] in initializers]
@@ -163,15 +259,13 @@ def round_scales_to_power_of_two(
         if not is_bias[node.input[0]] and node.input[1] not in chosen:
             chosen[node.input[1]] = _requantize(node, initializers, None)
     for node in qdq:
-        tensor, scale_name = node.input[0], node.input[1]
+        scale_name = node.input[1]
         if node.op_type != "QuantizeLinear" or scale_name in chosen:
             continue
-        old = numpy_helper.to_array(initializers[scale_name]).astype(np.float64)
-        if tensor in activations:
-            zero_point = _zero_point(node, initializers)
-            dtype = _quantized_dtype(node, initializers)
-            chosen[scale_name] = best_power_of_two(activations[tensor], old, zero_point, dtype)
+        if scale_name in activation_scales:
+            chosen[scale_name] = activation_scales[scale_name]
         else:
+            old = numpy_helper.to_array(initializers[scale_name]).astype(np.float64)
             chosen[scale_name] = power_of_two_ceil(old)
     bias_scales = _bias_scales(model, initializers, chosen)
     for node in constant:

@@ -62,6 +62,10 @@ class TargetProfile:
     power_of_two_scales: bool
     full_integer: bool  # no float op or tensor may remain (NPU-only graphs)
     fallback: Fallback  # how the drift fallback may widen sensitive tensors
+    # ONNX Runtime speed (quant.ort_graph): Linears as Gemm, so the bias is QGemm's int32 bias;
+    # the ops that take their input in float straight from the MatMul/Gemm computing it
+    gemm_linears: bool
+    float_inputs: frozenset[str]
     accelerator_ops: frozenset[str]  # ops its accelerator runs; empty = everything
     notes: str
 
@@ -78,6 +82,11 @@ class TargetProfile:
             rules.append("every scale a power of two")
         if self.full_integer:
             rules.append("fully integer: no float op or tensor, int8 input and output")
+        if self.gemm_linears:
+            rules.append("Linear layers as Gemm: the bias is the integer kernel's int32 bias")
+        if self.float_inputs:
+            ops = ", ".join(sorted(self.float_inputs))
+            rules.append(f"{ops} in float, fed in float by their integer MatMul/Gemm (faster)")
         rules.append(
             {
                 "int16_tensors": "drift fallback: the most sensitive tensors to 16-bit",
@@ -104,6 +113,10 @@ PROFILES: dict[str, TargetProfile] = {
             power_of_two_scales=False,
             full_integer=False,
             fallback="int16_tensors",
+            # measured on ViT-Tiny, 1 thread: ORT's QLinearSoftmax is several times slower
+            # than its float Softmax; GELU has no integer kernel (benchmarks/latency.md)
+            gemm_linears=True,
+            float_inputs=frozenset({"Softmax", "Gelu"}),
             accelerator_ops=ORT_CPU_OPS,
             notes="reference target; the int8 ONNX file also runs on any ORT build",
         ),
@@ -119,6 +132,8 @@ PROFILES: dict[str, TargetProfile] = {
             power_of_two_scales=False,
             full_integer=True,
             fallback="int16_model",  # Ethos-U runs 16x8
+            gemm_linears=False,
+            float_inputs=frozenset(),
             accelerator_ops=ETHOS_U_OPS,
             notes="ops Vela cannot place run on the Cortex-A55",
         ),
@@ -134,6 +149,8 @@ PROFILES: dict[str, TargetProfile] = {
             power_of_two_scales=False,
             full_integer=True,
             fallback="none",  # no float/int8 mixing, no int16 on the NPU path
+            gemm_linears=False,
+            float_inputs=frozenset(),
             accelerator_ops=VX_DELEGATE_OPS,
             notes="per-tensor int8; NPU integer math is not bit-exact vs the CPU",
         ),
@@ -152,6 +169,8 @@ PROFILES: dict[str, TargetProfile] = {
             # config, and opset-17 QuantizeLinear cannot carry int16: the file stays pure int8;
             # the report's worst layers are the candidates for TIDL's 16-bit list.
             fallback="none",
+            gemm_linears=False,  # kept as exported: TIDL's validated MatMul + Add pattern
+            float_inputs=frozenset(),  # TIDL runs the whole graph in integer
             accelerator_ops=TIDL_OPS,
             notes="symmetric only, power-of-2 scales, both MatMul inputs signed",
         ),

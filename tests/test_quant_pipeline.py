@@ -31,7 +31,9 @@ from quant.report import SCHEMA_FILE, Report, json_schema_text
 from quant.targets import TARGET_NAMES
 from quant.tflite import check_full_integer, inspect_tflite
 
-MAX_DRIFT = 0.1  # points: tighter than the default 0.5, so this model needs the fallbacks
+# points: tighter than the default 0.5, so this model needs the fallbacks (its pure int8 cpu
+# file is at 0.1 points since the ONNX Runtime speed rewrites)
+MAX_DRIFT = 0.0
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,15 @@ import torch
 from converters import export_onnx, fold_norms
 from edge_un.models import TextTransformer, VisionTransformer
 from quant import toolenv
-from quant.litert import latency_tflite, onnx_names, run_tflite, tensor_sqnr_tflite, tensor_values
+from quant.litert import (
+    aligned_tensors,
+    latency_tflite,
+    onnx_names,
+    run_tflite,
+    sqnr_db,
+    tensor_sqnr_tflite,
+    tensor_values,
+)
 from quant.tflite import (
     NotFullIntegerError,
     TfliteArtifacts,
@@ -146,6 +154,20 @@ def test_litert_tensors_sqnr_and_latency(rgb) -> None:
     assert len(names) >= len(values) // 2 and set(names.values()) <= graph_tensors
     timing = latency_tflite(artifacts.int8, calib[:1], threads=1, warmup=2, runs=10)
     assert timing.runs == 10 and 0 < timing.p50_ms <= timing.p90_ms <= timing.p99_ms
+
+
+def test_streamed_tflite_sqnr_equals_all_samples_at_once(rgb) -> None:
+    """tensor_sqnr_tflite runs one sample at a time and keeps only sums per tensor: the same
+    SQNR as over every sample's tensors held at once (8 samples, so 8 runs are summed)."""
+    _, calib, artifacts = rgb
+    streamed = tensor_sqnr_tflite(artifacts.int8, artifacts.float32, calib[:8])
+    quantized = tensor_values(artifacts.int8, calib[:8])
+    reference = tensor_values(artifacts.float32, calib[:8])
+    pairs = aligned_tensors(artifacts.int8, artifacts.float32)
+    assert len(streamed) > 10
+    for name, op, db in streamed:
+        assert op == pairs[name][0]
+        assert db == pytest.approx(sqnr_db(reference[pairs[name][1]], quantized[name]), rel=1e-9)
 
 
 def test_int64_token_ids_take_the_saved_model_route(text) -> None:

@@ -1,0 +1,129 @@
+"""Per-tensor figures computed batch by batch equal the same figures over all samples at once.
+
+``tensor_sqnr`` and the power-of-two choice of ``quantize_onnx`` stream their activations (one
+batch in memory, only sums kept): here they are checked against a direct computation that keeps
+every activation of every sample, on a small model with more samples than one batch holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+from onnxruntime.quantization.qdq_loss_debug import (
+    collect_activations,
+    create_activation_matching,
+    modify_model_output_intermediate_tensors,
+)
+
+from quant import ort_int8
+from quant.data import Samples
+from quant.drift import tensor_sqnr
+from quant.ort_int8 import SamplesReader, best_power_of_two, quantize_onnx
+from quant.targets import PROFILES
+
+FEATURES = 1024
+SAMPLES = 10  # batches of STREAM_BATCH (4): 4 + 4 + 2, the last one short
+
+
+def _model(path: Path) -> Path:
+    """x -> h = x W1 -> s = h + x -> s W2: dynamic batch, so it streams in STREAM_BATCH."""
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((FEATURES, FEATURES)) / FEATURES).astype(np.float32)
+    w2 = (rng.standard_normal((FEATURES, 8)) / 8).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"]),
+            helper.make_node("Add", ["h", "x"], ["s"]),
+            helper.make_node("MatMul", ["s", "w2"], ["y"]),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", FEATURES])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(path))
+    return path
+
+
+def _inputs() -> np.ndarray:
+    """Uniform values in [-1, 1] and an outlier of 80 in the first and the last sample. For x,
+    the power of two below its MinMax scale clips the outlier but halves the rounding step of
+    everything else: the first and the last batch alone each prefer the higher power, all ten
+    samples together the lower one, so only a correct sum over batches chooses right."""
+    x = np.random.default_rng(1).uniform(-1, 1, (SAMPLES, FEATURES)).astype(np.float32)
+    x[0, 0] = x[-1, 0] = 80.0
+    return x
+
+
+def _all_at_once(path: Path, inputs: np.ndarray, scratch: Path) -> dict[str, list[np.ndarray]]:
+    """Every tensor of every sample in memory, ORT's way: one batch of all samples."""
+    augmented = scratch / f"{path.stem}_all.onnx"
+    modify_model_output_intermediate_tensors(str(path), str(augmented))
+    return collect_activations(str(augmented), SamplesReader("x", inputs, len(inputs)))
+
+
+def _sqnr(reference: np.ndarray, actual: np.ndarray) -> float:
+    reference, actual = reference.astype(np.float64), actual.astype(np.float64)
+    return 10 * math.log10(np.sum(reference**2) / np.sum((reference - actual) ** 2))
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    directory = tmp_path_factory.mktemp("stream")
+    inputs = _inputs()
+    assert ort_int8.STREAM_BATCH < SAMPLES
+    return {"dir": directory, "fp32": _model(directory / "fp32.onnx"), "inputs": inputs}
+
+
+def test_tensor_sqnr_streamed_equals_all_samples_at_once(mlp: dict) -> None:
+    int8 = quantize_onnx(
+        mlp["fp32"], mlp["dir"] / "cpu.onnx", PROFILES["cpu"], Samples(mlp["inputs"], None, "t")
+    )
+    streamed = {
+        e.name: e for e in tensor_sqnr(mlp["fp32"], int8, Samples(mlp["inputs"], None, "t"))
+    }
+    fp32_acts = _all_at_once(mlp["fp32"], mlp["inputs"], mlp["dir"])
+    int8_acts = _all_at_once(int8, mlp["inputs"], mlp["dir"])
+    matching = create_activation_matching(int8_acts, fp32_acts)
+    assert len(streamed) >= 2 and set(streamed) <= {"h", "s", "y"}  # op outputs, not input x
+    for name, error in streamed.items():
+        match = {key: np.concatenate(values) for key, values in matching[name].items()}
+        assert error.sqnr_db == pytest.approx(_sqnr(match["float"], match["post_qdq"]), rel=1e-9)
+        assert error.own_sqnr_db == pytest.approx(_sqnr(match["pre_qdq"], match["post_qdq"]), 1e-9)
+
+
+def test_power_of_two_choice_sums_the_errors_of_every_batch(mlp: dict) -> None:
+    tda4vm, calibration = PROFILES["tda4vm"], Samples(mlp["inputs"], None, "t")
+    minmax_profile = dataclasses.replace(tda4vm, power_of_two_scales=False)
+    minmax = onnx.load(
+        str(quantize_onnx(mlp["fp32"], mlp["dir"] / "mm.onnx", minmax_profile, calibration))
+    )
+    pow2 = onnx.load(str(quantize_onnx(mlp["fp32"], mlp["dir"] / "p2.onnx", tda4vm, calibration)))
+    scales = {i.name: numpy_helper.to_array(i) for i in minmax.graph.initializer}
+    chosen = {i.name: numpy_helper.to_array(i) for i in pow2.graph.initializer}
+    every = _all_at_once(mlp["fp32"], mlp["inputs"], mlp["dir"])
+
+    def best(tensor: np.ndarray, node: onnx.NodeProto) -> float:
+        scale, zero_point = scales[node.input[1]], scales[node.input[2]]
+        real = tensor.ravel()
+        zero = zero_point.astype(np.float64)
+        return float(best_power_of_two(real, scale.astype(np.float64), zero, zero_point.dtype)[0])
+
+    checked = {}
+    for node in minmax.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[0] in every:
+            direct = best(np.concatenate(every[node.input[0]]), node)
+            assert float(chosen[node.input[1]]) == direct, node.input[0]  # bit for bit
+            checked[node.input[0]] = node
+    assert {"x", "s"} <= set(checked)
+    # the data needs the sum: the first batch alone, or the last, would choose the other one
+    x = mlp["inputs"]
+    for part in (x[: ort_int8.STREAM_BATCH], x[-(SAMPLES % ort_int8.STREAM_BATCH) :]):
+        assert best(part, checked["x"]) == 2 * float(chosen["x_scale"])
