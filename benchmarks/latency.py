@@ -1,6 +1,6 @@
 """Latency, memory and conversion time of UN vs its LayerNorm twin, and this machine's limit.
 
-    .venv/bin/python benchmarks/latency.py            # everything, ~20 min on 2 cores
+    .venv/bin/python benchmarks/latency.py            # everything, ~25 min on 2 cores
     .venv/bin/python benchmarks/latency.py --quick    # vit-mnist only, fewer rounds (a test)
     .venv/bin/python benchmarks/latency.py --report-only   # Markdown and plots from the JSON
 
