@@ -19,7 +19,8 @@ def worker(
         ),
     ] = None,
     hostname: Annotated[
-        str | None, typer.Option(help="This worker's name (default: celery@<host name>).")
+        str | None,
+        typer.Option(help="This worker's name (default: celery@ followed by this host's name)."),
     ] = None,
     check: Annotated[
         bool,
