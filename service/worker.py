@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 import traceback
+from pathlib import Path
 
 from sqlalchemy import select
 
@@ -127,14 +128,14 @@ def run(settings: Settings, job_id: str, attempt: int) -> int:
         if failed and len(failed) == len(report.targets):
             error = "every target failed: " + "; ".join(f"{t.name}: {t.error}" for t in failed)
     except (MemoryError, ImportError) as caught:  # an import that cannot map its libraries
-        if isinstance(caught, ImportError) and "memory" not in str(caught).lower():
+        if isinstance(caught, ImportError) and not _out_of_memory(caught, settings.job_memory_mb):
             raise
         error = _memory_message(settings)
     except (QuantError, ValueError, OSError) as caught:  # bad input: checkpoint, data, targets
         error = one_line(caught)
     except Exception as caught:  # a bug: say what, keep the traceback in the job's log
         traceback.print_exc()
-        if _out_of_memory(caught):  # a native library (ONNX Runtime) could not allocate
+        if _out_of_memory(caught, settings.job_memory_mb):  # a native library could not allocate
             error = _memory_message(settings)
         else:
             error = f"internal error during the conversion ({type(caught).__name__}: "
@@ -161,9 +162,29 @@ def run(settings: Settings, job_id: str, attempt: int) -> int:
     return 0 if error is None else 1
 
 
-def _out_of_memory(error: BaseException) -> bool:
+def _out_of_memory(error: BaseException, limit_mb: int) -> bool:
+    """Did ``error`` come from the address-space limit? ONNX Runtime's arena and torch's
+    allocator say "memory", C++ "bad_alloc", the dynamic loader "failed to map segment"; not
+    every library says it (oneDNN: "could not create a primitive"), so it also counts when this
+    process came within ``NEAR_LIMIT`` of the limit (a bug there is then reported as memory)."""
     text = str(error).lower()
-    return any(s in text for s in ("failed to allocate", "bad_alloc", "out of memory"))
+    reasons = ("memory", "bad_alloc", "failed to map segment")
+    return any(reason in text for reason in reasons) or _peak_address_space_mb() >= (
+        NEAR_LIMIT * limit_mb
+    )
+
+
+NEAR_LIMIT = 0.8  # a failed allocation is not counted in the peak: leave room for its size
+
+
+def _peak_address_space_mb() -> float:
+    """This process's peak virtual memory (VmPeak, what RLIMIT_AS caps), 0 if unknown."""
+    with contextlib.suppress(OSError):
+        status = Path("/proc/self/status").read_text(encoding="ascii")
+        for line in status.splitlines():
+            if line.startswith("VmPeak:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def _memory_message(settings: Settings) -> str:

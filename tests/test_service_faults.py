@@ -114,8 +114,9 @@ def test_job_over_its_time_limit_fails_with_the_reason(tmp_path, servers, servic
 
 
 def test_job_over_its_memory_limit_fails_with_the_reason(tmp_path, servers, service_mode):
-    # a cpu conversion of this model peaks near 2.4 GB of address space; 1500 MB is too little
-    server = service_mode.server(tmp_path / "data", EDGE_UN_JOB_MEMORY_MB="1500").start()
+    # a cpu conversion of this model peaks near 1.5 GB of address space (2.4 GB before the
+    # per-tensor SQNR streamed), varying by ~0.3 GB from run to run; 1000 MB is too little
+    server = service_mode.server(tmp_path / "data", EDGE_UN_JOB_MEMORY_MB="1000").start()
     servers.append(server)
     with server.client(server.token()) as client:
         job_id = upload(client, MODEL).json()["id"]
