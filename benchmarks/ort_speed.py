@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -323,7 +324,7 @@ def main() -> None:
     started = time.time()
     result: dict[str, Any] = {
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
-        "load_average_before": [round(x, 2) for x in __import__("os").getloadavg()],
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
         "steps": [dataclasses.asdict(step) for step in STEPS],
         "models": {},
     }

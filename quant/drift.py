@@ -92,7 +92,7 @@ def onnx_runner(path: Path, threads: int = 0) -> Runner:
 
 
 def sqnr_db(reference: np.ndarray, actual: np.ndarray) -> float:
-    return _sqnr_of_sums(*_square_sums(reference, actual))
+    return sqnr_of_sums(*square_sums(reference, actual))
 
 
 def tensor_sqnr(fp32_path: Path, int8_path: Path, samples: Samples) -> list[TensorError]:
@@ -118,13 +118,13 @@ def tensor_sqnr(fp32_path: Path, int8_path: Path, samples: Samples) -> list[Tens
             for name, (reference, pre_qdq, post_qdq) in pairs.items():
                 sums[name] += np.concatenate(
                     [
-                        _square_sums(fp32[reference], int8[post_qdq]),
-                        _square_sums(int8[pre_qdq], int8[post_qdq]),
+                        square_sums(fp32[reference], int8[post_qdq]),
+                        square_sums(int8[pre_qdq], int8[post_qdq]),
                     ]
                 )
             del fp32, int8  # before the next batch's tensors arrive
     found = [
-        TensorError(name, ops[name], _sqnr_of_sums(*total[:2]), _sqnr_of_sums(*total[2:]))
+        TensorError(name, ops[name], sqnr_of_sums(*total[:2]), sqnr_of_sums(*total[2:]))
         for name, total in sums.items()
     ]
     return sorted(found, key=lambda e: e.sqnr_db)
@@ -144,10 +144,10 @@ def _matched(
     }
 
 
-def _square_sums(reference: np.ndarray, actual: np.ndarray) -> np.ndarray:
+def square_sums(reference: np.ndarray, actual: np.ndarray) -> np.ndarray:
     """[sum reference^2, sum (reference - actual)^2], in float64: SQNR over all samples is the
     ratio of these totals, so a batch contributes its two sums and nothing else."""
-    noise = reference - actual
+    noise = reference.astype(np.float64) - actual  # float64 first: no float32 cancellation
     return np.array([_sum_of_squares(reference), _sum_of_squares(noise)])
 
 
@@ -156,7 +156,7 @@ def _sum_of_squares(values: np.ndarray) -> float:
     return float(flat @ flat)
 
 
-def _sqnr_of_sums(signal_sq: float, noise_sq: float) -> float:
+def sqnr_of_sums(signal_sq: float, noise_sq: float) -> float:
     if noise_sq == 0.0:
         return math.inf
     return 20.0 * math.log10(max(math.sqrt(signal_sq), 1e-30) / math.sqrt(noise_sq))

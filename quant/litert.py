@@ -21,6 +21,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
+from .drift import sqnr_db, sqnr_of_sums, square_sums
 from .latency import Timing, time_calls
 
 SQNR_SAMPLES = 32
@@ -199,25 +200,6 @@ def onnx_names(
     return result
 
 
-def sqnr_db(reference: np.ndarray, approx: np.ndarray) -> float:
-    """Signal-to-quantization-noise ratio in dB (inf when identical)."""
-    return _sqnr_of_sums(*_square_sums(reference, approx))
-
-
-def _square_sums(reference: np.ndarray, approx: np.ndarray) -> np.ndarray:
-    """[sum reference^2, sum (reference - approx)^2] in float64: SQNR over many samples is the
-    ratio of their totals, so each sample adds these two and is dropped."""
-    reference = reference.astype(np.float64)
-    noise = float(np.sum((reference - approx.astype(np.float64)) ** 2))
-    return np.array([float(np.sum(reference**2)), noise])
-
-
-def _sqnr_of_sums(signal: float, noise: float) -> float:
-    if noise == 0:
-        return float("inf")
-    return 10 * float(np.log10(max(signal, 1e-30) / noise))
-
-
 def tensor_sqnr_tflite(
     quantized: str | Path, reference: str | Path, inputs: np.ndarray, *, samples: int = SQNR_SAMPLES
 ) -> list[tuple[str, str, float]]:
@@ -244,10 +226,10 @@ def tensor_sqnr_tflite(
         for name, ref_name in list(pairs.items()):
             value, ref = q_tensors.read(name), f_tensors.read(ref_name)
             if ref.shape == value.shape:
-                sums[name] += _square_sums(ref, value)
+                sums[name] += square_sums(ref, value)
             else:  # not the same tensor after all: no SQNR for it
                 del pairs[name]
-    rows = [(name, aligned[name][0], _sqnr_of_sums(*sums[name])) for name in pairs]
+    rows = [(name, aligned[name][0], sqnr_of_sums(*sums[name])) for name in pairs]
     return sorted(rows, key=lambda row: row[2])
 
 
