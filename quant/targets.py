@@ -114,7 +114,7 @@ PROFILES: dict[str, TargetProfile] = {
             full_integer=False,
             fallback="int16_tensors",
             # measured on ViT-Tiny, 1 thread: ORT's QLinearSoftmax is several times slower
-            # than its float Softmax; GELU has no integer kernel (benchmarks/latency.md)
+            # than its float Softmax; GELU has no integer kernel (benchmarks/results/ort_speed.md)
             gemm_linears=True,
             float_inputs=frozenset({"Softmax", "Gelu"}),
             accelerator_ops=ORT_CPU_OPS,

@@ -169,9 +169,9 @@ def _out_of_memory(error: BaseException, limit_mb: int) -> bool:
     process came within ``NEAR_LIMIT`` of the limit (a bug there is then reported as memory)."""
     text = str(error).lower()
     reasons = ("memory", "bad_alloc", "failed to map segment")
-    return any(reason in text for reason in reasons) or _peak_address_space_mb() >= (
-        NEAR_LIMIT * limit_mb
-    )
+    if any(reason in text for reason in reasons):
+        return True
+    return limit_mb > 0 and _peak_address_space_mb() >= NEAR_LIMIT * limit_mb  # 0: no limit
 
 
 NEAR_LIMIT = 0.8  # a failed allocation is not counted in the peak: leave room for its size

@@ -123,3 +123,13 @@ def test_job_over_its_memory_limit_fails_with_the_reason(tmp_path, servers, serv
         failed = wait_for(client, job_id, ("failed",), timeout=120)
         assert "memory" in failed["error"].lower(), failed
         assert client.get("/readyz").status_code == 200  # the server itself is untouched
+
+
+def test_a_failure_counts_as_memory_by_its_words_or_near_the_limit_never_without_one() -> None:
+    from service.worker import _out_of_memory
+
+    silent = RuntimeError("could not create a primitive")  # says nothing about memory
+    assert _out_of_memory(RuntimeError("Failed to allocate memory for requested buffer"), 0)
+    assert _out_of_memory(silent, 1)  # this process is far past 0.8 MB of address space
+    assert not _out_of_memory(silent, 0)  # 0 = no limit: a bug stays a bug
+    assert not _out_of_memory(silent, 10**7)  # 10 TB: not near it
