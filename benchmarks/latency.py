@@ -48,6 +48,7 @@ from edge_un import examples  # noqa: E402
 from edge_un.models import VisionTransformer  # noqa: E402
 from quant import tflite as quant_tflite  # noqa: E402
 from quant.data import CALIBRATION_SAMPLES, Samples, checkpoint_samples  # noqa: E402
+from quant.host import describe_host  # noqa: E402
 from quant.latency import thread_counts  # noqa: E402
 from quant.ort_int8 import quantize_onnx  # noqa: E402
 from quant.targets import PROFILES  # noqa: E402
@@ -357,10 +358,13 @@ def main() -> None:
     pairs = ["vit-mnist"] if args.quick else list(PAIRS)
     rounds, budget, b32_budget = (2, 0.15, 0.3) if args.quick else (5, 0.5, 1.0)
     started, load_before = time.time(), load_average()
+    host = describe_host()
     result: dict[str, Any] = {
+        # int8 speed depends on the CPU's int8 kernels (VNNI or not): say which host this was
+        "host": host.model_dump(),
         "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
+            "cpu": host.label(),
+            "cores": host.cores,
             "threads": list(thread_counts()),
             "python": platform.python_version(),
         },

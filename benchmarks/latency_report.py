@@ -75,6 +75,18 @@ def ratio_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _host_phrase(result: dict[str, Any]) -> str:
+    """The host as ``quant.host`` describes it; int8 figures from hosts with and without VNNI
+    are not comparable. Runs before the host was recorded say so."""
+    if "host" not in result:
+        return (f"{result['machine'].get('cores')} cores ({result['machine'].get('cpu')}; "
+                "CPU model and int8 features not recorded)")  # fmt: skip
+    from quant.report import Host
+
+    host = Host.model_validate(result["host"])
+    return f"**{host.label()}** ({host.int8_kernels})"
+
+
 def write_report(result: dict[str, Any], results: Path) -> None:
     lines = [
         "# Latency, memory and conversion time: UN vs LayerNorm, and against this machine's limit",
@@ -82,7 +94,8 @@ def write_report(result: dict[str, Any], results: Path) -> None:
         "Made by `.venv/bin/python benchmarks/latency.py`"
         + (" `--quick` (vit-mnist only, 2 rounds)" if result.get("quick") else "")
         + f", started {result['started_utc']} UTC, {result['total_s']:.0f} s in all. Machine: "
-        f"{result['machine'].get('cores')} cores ({result['machine'].get('cpu')}), torch "
+        + _host_phrase(result)
+        + ", torch "
         f"{result['machine'].get('torch')}, ONNX Runtime {result['machine'].get('onnxruntime')},"
         f" LiteRT {result['machine'].get('ai_edge_litert')}. Load average (1/5/15 min) before "
         f"{result['load_average_before']}, after the latency part "

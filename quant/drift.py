@@ -75,11 +75,21 @@ def measure_drift(reference: np.ndarray, quantized: np.ndarray, labels: np.ndarr
     )
 
 
-def onnx_runner(path: Path, threads: int = 0) -> Runner:
-    """inputs -> first output of an ONNX model, batched to its static batch if it has one."""
+def onnx_runner(path: Path, threads: int = 0, *, exact: bool = False) -> Runner:
+    """inputs -> first output of an ONNX model, batched to its static batch if it has one.
+
+    ``exact``: run a QDQ model as written, with ONNX Runtime's graph optimizations off, so no
+    QDQ group is fused into an int8 kernel: DequantizeLinear -> float op -> QuantizeLinear. The
+    float op computes on the dequantized int8 values, whose products and sums float32 holds
+    exactly (bit for bit with power-of-two scales; otherwise within float32 rounding of the
+    scales, ~1e-7 relative, far below one int8 step): what an integer kernel that does not
+    saturate computes, on any host. Without ``exact`` the host's int8 kernels run, and on x86
+    without VNNI they can saturate (see quant.host)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
+    if exact:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     first = session.get_inputs()[0]
     batch = first.shape[0] if isinstance(first.shape[0], int) else EVAL_BATCH
@@ -89,6 +99,14 @@ def onnx_runner(path: Path, threads: int = 0) -> Runner:
         return np.concatenate([session.run(None, {first.name: chunk})[0] for chunk in chunks])
 
     return run
+
+
+def kernel_gap(exact: Drift, host: Drift) -> float:
+    """The larger of the top-1 and agreement differences between two figures, in points."""
+    gaps = [100.0 * abs(exact.agreement - host.agreement)]
+    if exact.top1_drop_pts is not None and host.top1_drop_pts is not None:
+        gaps.append(abs(exact.top1_drop_pts - host.top1_drop_pts))
+    return max(gaps)
 
 
 def sqnr_db(reference: np.ndarray, actual: np.ndarray) -> float:

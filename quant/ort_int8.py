@@ -44,7 +44,7 @@ POWER_OF_TWO_SAMPLES = 32  # calibration samples that choose each power-of-two a
 # Samples per run when every tensor of a model is saved (a model without a static batch): all
 # of them are in memory at once, ~200 MB a sample for ViT-Tiny, so a few, not the whole set.
 STREAM_BATCH = 4
-ACTIVATION_TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
+QUANT_TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
 
 
 class SamplesReader(CalibrationDataReader):
@@ -87,8 +87,9 @@ def quantize_onnx(
             SamplesReader(input_name, calibration.inputs, static_batch or CALIBRATION_BATCH),
             quant_format=QuantFormat.QDQ,
             per_channel=True,
-            activation_type=ACTIVATION_TYPES[profile.activation_type],
-            weight_type=QuantType.QInt8,
+            activation_type=QUANT_TYPES[profile.activation_type],
+            weight_type=QUANT_TYPES[profile.weight_type],
+            reduce_range=profile.weight_bits == 7,
             calibrate_method=CalibrationMethod.MinMax,
             extra_options={
                 "ActivationSymmetric": profile.symmetric_activations,

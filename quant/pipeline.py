@@ -33,6 +33,7 @@ from .data import (
 )
 from .drift import onnx_runner
 from .errors import DataFileError, QuantError
+from .host import describe_host
 from .job import Bars, TargetJob
 from .onnx_target import build_onnx_target
 from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
@@ -136,6 +137,7 @@ def convert(
         ]
         + ([recalibration_note(recalibration, recalibrate_batches)] if recalibration else []),
         recalibration=recalibration,
+        host=describe_host(),
     )
     result.write(out_dir / REPORT_NAME)
     (out_dir / SUMMARY_NAME).write_text(summary_markdown(result))

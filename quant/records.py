@@ -41,9 +41,11 @@ def drift_record(
     worst: list[schema.LayerError],
     max_drop_pts: float,
     min_agreement: float,
+    arithmetic: schema.Arithmetic,
 ) -> schema.Drift:
     return schema.Drift(
         artifact=artifact,
+        arithmetic=arithmetic,
         top1_fp32=drift.top1_fp32,
         top1_int8=drift.top1_int8,
         top1_drop_pts=drift.top1_drop_pts,

@@ -55,8 +55,18 @@ class LayerError(_Model):
     own_sqnr_db: float | None = Field(description="its own quantization step alone")
 
 
+Arithmetic = Literal["exact", "onnxruntime", "litert"]
+
+
 class Drift(_Model):
     artifact: str = Field(description="name of the artifact measured")
+    arithmetic: Arithmetic | None = Field(
+        default=None,
+        description="what computed the int8 outputs: 'exact' = the QDQ graph as written "
+        "(DequantizeLinear -> float op -> QuantizeLinear, no fused int8 kernel: what every "
+        "non-saturating integer kernel computes, independent of the host); 'onnxruntime' / "
+        "'litert' = that runtime's int8 kernels on the host named in the report",
+    )
     top1_fp32: float | None
     top1_int8: float | None
     top1_drop_pts: float | None
@@ -115,6 +125,14 @@ class TargetReport(_Model):
     pure_int8_drift: Drift | None = Field(
         default=None, description="before any fallback, when the fallback changed something"
     )
+    host_drift: Drift | None = Field(
+        default=None,
+        description="the shipped file on the host's own int8 kernels, for a target the host's "
+        "runtime also runs (cpu); ``drift`` is the target's figure",
+    )
+    warnings: list[str] = Field(
+        default=[], description="what a user should know about this target's figures"
+    )
     latency: list[Latency] = []
     fallback_ops: list[str] = Field(
         default=[], description="ops its accelerator would not run (they run on the host CPU)"
@@ -125,6 +143,34 @@ class TargetReport(_Model):
     vela_pure_int8: Vela | None = Field(
         default=None, description="the pure int8 file's Vela figures, when 16x8 was shipped"
     )
+
+
+class Host(_Model):
+    """The machine that measured drift and latency (``quant.host.describe_host``)."""
+
+    cpu: str = Field(description="the CPU's brand string")
+    microarchitecture: str = Field(description="archspec's name for it, e.g. zen3, icelake")
+    machine: str = Field(description="x86_64, aarch64, ...")
+    cores: int = Field(description="cores the conversion could use")
+    int8_features: list[str] = Field(
+        description="of the ISA features that select int8 kernels (avx2, avx512f, avx512_vnni, "
+        "avx_vnni, amx_int8; Arm: asimddp, i8mm, sve), those this CPU has"
+    )
+    int8_kernels: str = Field(description="what they mean for int8 matrix products")
+    os: str
+    versions: dict[str, str] = Field(description="python, torch, onnxruntime, LiteRT, Vela...")
+
+    def label(self) -> str:
+        """``AMD EPYC (zen3, 2 cores, AVX2, no VNNI)``: the host in one phrase."""
+        features = set(self.int8_features)
+        if self.machine in ("x86_64", "amd64"):
+            isa = [name.upper() for name in ("avx2", "avx512f") if name in features]
+            vnni = [n for n in ("avx512_vnni", "avx_vnni") if n in features]
+            isa.append(" + ".join(n.upper().replace("_", "-") for n in vnni) if vnni else "no VNNI")
+            isa += ["AMX"] if "amx_int8" in features else []
+        else:
+            isa = list(self.int8_features) or ["no dot product"]
+        return f"{self.cpu} ({self.microarchitecture}, {self.cores} cores, {', '.join(isa)})"
 
 
 class LayerTID(_Model):
@@ -163,6 +209,9 @@ class Report(_Model):
     notes: list[str] = []
     recalibration: Recalibration | None = Field(
         default=None, description="set when the norm statistics were recalibrated before folding"
+    )
+    host: Host | None = Field(
+        default=None, description="the machine that measured drift and latency"
     )
 
     def write(self, path: Path) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .report import Report, TargetReport
+from .report import Host, Report, TargetReport
 
 
 def _pct(value: float | None) -> str:
@@ -58,6 +58,27 @@ def latency_rows(report: Report) -> list[list[str]]:
     return rows
 
 
+def latency_title(report: Report) -> str:
+    """Where the latency was measured: int8 speed differs by CPU (VNNI or not, Arm dot product)."""
+    where = report.host.label() if report.host is not None else "this machine"
+    return f"Latency, measured on {where}; Vela: estimated on the NPU"
+
+
+def host_kernel_lines(report: Report) -> list[str]:
+    """For each target also measured on the host's own int8 kernels: that figure, and any gap
+    to the target's (exact) figure that a user should know about."""
+    lines = []
+    for target in report.targets.values():
+        host = target.host_drift
+        if host is not None:
+            lines.append(
+                f"{target.name} on this host's ONNX Runtime int8 kernels: agreement "
+                f"{_pct(host.agreement)}, drop {_pts(host.top1_drop_pts)}"
+            )
+        lines += [f"{target.name}: {warning}" for warning in target.warnings]
+    return lines
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
@@ -75,14 +96,16 @@ def summary_markdown(report: Report) -> str:
         f"- norms: {len(report.fold['norms'])} offline, fully integer-ready: "
         f"{'yes' if report.fold['fully_integer'] else 'NO'}",
         "",
-        "## Drift (int8 vs fp32, held-out data)",
+        "## Drift (int8 vs fp32, held-out data, in each target's arithmetic)",
         "",
     ]
     lines += _table(
         ["target", "status", "top-1 fp32 -> int8", "drop", "agreement", "cosine", "precision"],
         drift_rows(report),
     )
-    lines += ["", "## Latency (this machine; Vela: estimated on the NPU)", ""]
+    extra = host_kernel_lines(report)
+    lines += ([""] + [f"- {line}" for line in extra]) if extra else []
+    lines += ["", f"## {latency_title(report)}", ""]
     lines += _table(["target", "runtime", "artifact", "threads", "p50 ms", "p90 ms", "p99 ms"],
                     latency_rows(report))  # fmt: skip
     for target in report.targets.values():
@@ -125,4 +148,15 @@ def summary_markdown(report: Report) -> str:
             lines.append(f"- Vela, pure int8 file: {pure_vela.cycles:,} cycles, "
                          f"{pure_vela.est_ms:.3f} ms")  # fmt: skip
     lines += [""] + [f"- note: {note}" for note in report.notes]
+    if report.host is not None:
+        lines += ["", "## Host", "", *host_markdown(report.host)]
     return "\n".join(lines) + "\n"
+
+
+def host_markdown(host: Host) -> list[str]:
+    versions = ", ".join(f"{name} {version}" for name, version in host.versions.items())
+    return [
+        f"- {host.label()}, {host.machine}, {host.os}",
+        f"- int8 kernels: {host.int8_kernels}",
+        f"- versions: {versions}",
+    ]

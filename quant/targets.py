@@ -15,6 +15,7 @@ from .errors import UnknownTargetError
 
 ArtifactKind = Literal["onnx_qdq", "tflite", "vela"]
 ActivationType = Literal["int8", "uint8"]
+WeightType = Literal["int8", "uint8"]
 Fallback = Literal["int16_tensors", "int16_model", "none"]
 
 # The accuracy bar an artifact must meet (top-1 points it may lose, top-1 agreement with fp32);
@@ -59,8 +60,15 @@ class TargetProfile:
     static_batch: bool
     activation_type: ActivationType
     symmetric_activations: bool
+    weight_type: WeightType
+    # 7: int8 weights kept in [-64, 63]. ORT's x86 u8s8 kernels without VNNI add pairs of
+    # u8 x s8 products in int16 (VPMADDUBSW): 2 x 255 x 128 overflows it, 2 x 255 x 64 cannot.
+    weight_bits: int
     power_of_two_scales: bool
     full_integer: bool  # no float op or tensor may remain (NPU-only graphs)
+    # The conversion host's ONNX Runtime is one of the target's runtimes (cpu): its kernels'
+    # drift is measured and reported beside the exact figure, which stays the target's.
+    host_kernel_drift: bool
     fallback: Fallback  # how the drift fallback may widen sensitive tensors
     # ONNX Runtime speed (quant.ort_graph): Linears as Gemm, so the bias is QGemm's int32 bias;
     # the ops that take their input in float straight from the MatMul/Gemm computing it
@@ -74,10 +82,19 @@ class TargetProfile:
         """The quantization rules, as sentences a user reads (``edge-un targets``)."""
         rules = [
             f"opset {self.opset}, batch {'1 (static shapes)' if self.static_batch else 'dynamic'}",
-            "weights int8, symmetric, per channel",
+            f"weights {self.weight_type}"
+            + (" in 7 bits ([-64, 63])" if self.weight_bits == 7 else "")
+            + ", symmetric, per channel",
             f"activations {self.activation_type}, "
             + ("symmetric" if self.symmetric_activations else "asymmetric"),
         ]
+        if self.weight_bits == 7:
+            rules.append(
+                "7-bit weights because x86 CPUs without VNNI add pairs of u8 x s8 products in "
+                "int16 (ONNX Runtime's VPMADDUBSW kernels), which 8-bit weights can overflow: "
+                "the file then computes the same on every CPU, at the same speed and accuracy "
+                "(benchmarks/results/cpu_recipe.md)"
+            )
         if self.power_of_two_scales:
             rules.append("every scale a power of two")
         if self.full_integer:
@@ -87,6 +104,14 @@ class TargetProfile:
         if self.float_inputs:
             ops = ", ".join(sorted(self.float_inputs))
             rules.append(f"{ops} in float, fed in float by their integer MatMul/Gemm (faster)")
+        if "onnx_qdq" in self.artifacts:
+            rules.append(
+                "drift measured in exact integer arithmetic (the QDQ graph as written, no fused "
+                "kernel), as the target computes it"
+                + (", and on this host's ONNX Runtime kernels" if self.host_kernel_drift else "")
+            )
+        if "tflite" in self.artifacts:
+            rules.append("drift measured with LiteRT's int8 kernels (int32 sums on every CPU)")
         rules.append(
             {
                 "int16_tensors": "drift fallback: the most sensitive tensors to 16-bit",
@@ -110,8 +135,11 @@ PROFILES: dict[str, TargetProfile] = {
             # u8 activations run faster in ORT on x86 (Add/Mul become QLinearAdd/QLinearMul).
             activation_type="uint8",
             symmetric_activations=False,
+            weight_type="int8",
+            weight_bits=7,
             power_of_two_scales=False,
             full_integer=False,
+            host_kernel_drift=True,
             fallback="int16_tensors",
             # measured on ViT-Tiny, 1 thread: ORT's QLinearSoftmax is several times slower
             # than its float Softmax; GELU has no integer kernel (benchmarks/results/ort_speed.md)
@@ -129,8 +157,11 @@ PROFILES: dict[str, TargetProfile] = {
             static_batch=True,
             activation_type="int8",
             symmetric_activations=False,
+            weight_type="int8",
+            weight_bits=8,
             power_of_two_scales=False,
             full_integer=True,
+            host_kernel_drift=False,
             fallback="int16_model",  # Ethos-U runs 16x8
             gemm_linears=False,
             float_inputs=frozenset(),
@@ -146,8 +177,11 @@ PROFILES: dict[str, TargetProfile] = {
             static_batch=True,
             activation_type="int8",
             symmetric_activations=False,
+            weight_type="int8",
+            weight_bits=8,
             power_of_two_scales=False,
             full_integer=True,
+            host_kernel_drift=False,
             fallback="none",  # no float/int8 mixing, no int16 on the NPU path
             gemm_linears=False,
             float_inputs=frozenset(),
@@ -163,8 +197,11 @@ PROFILES: dict[str, TargetProfile] = {
             static_batch=True,
             activation_type="int8",
             symmetric_activations=True,
+            weight_type="int8",
+            weight_bits=8,
             power_of_two_scales=True,
             full_integer=False,
+            host_kernel_drift=False,
             # TIDL runs selected layers in 16 bits, but it takes that list from its own import
             # config, and opset-17 QuantizeLinear cannot carry int16: the file stays pure int8;
             # the report's worst layers are the candidates for TIDL's 16-bit list.

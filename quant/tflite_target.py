@@ -83,9 +83,11 @@ def build_tflite_target(job: TargetJob) -> dict[str, Any]:
     sample, runs = evaluation.inputs[:1], job.latency_runs
     return {
         **fields,
-        "drift": drift_record(drift, name, worst, bars.max_drop_pts, bars.min_agreement),
+        "drift": drift_record(
+            drift, name, worst, bars.max_drop_pts, bars.min_agreement, "litert"
+        ),
         "pure_int8_drift": (
-            drift_record(pure, name, [], bars.max_drop_pts, bars.min_agreement)
+            drift_record(pure, name, [], bars.max_drop_pts, bars.min_agreement, "litert")
             if shipped != int8
             else None
         ),

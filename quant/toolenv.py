@@ -20,6 +20,7 @@ the environment records the hash of both; a changed pin recreates the environmen
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -146,6 +147,18 @@ def bin_dir(env: Path | None = None) -> Path:
 
 def python_path(env: Path | None = None) -> Path:
     return bin_dir(env) / "python"
+
+
+def installed_versions(names: Sequence[str], env: Path | None = None) -> dict[str, str]:
+    """Versions of ``names`` installed in the environment, read from their package metadata
+    (nothing is imported or run); a name that is not installed is left out."""
+    site_packages = [str(p) for p in (env or env_dir()).glob("lib/python*/site-packages")]
+    found = {}
+    for dist in importlib.metadata.distributions(path=site_packages):
+        name = dist.metadata["Name"]
+        if name and name.lower() in {n.lower() for n in names}:
+            found[name.lower()] = dist.version
+    return found
 
 
 def pins_hash() -> str:

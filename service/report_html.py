@@ -13,8 +13,8 @@ import html
 import re
 from collections.abc import Iterable
 
-from quant.report import Report, TargetReport
-from quant.summary import drift_rows, latency_rows
+from quant.report import Host, Report, TargetReport
+from quant.summary import drift_rows, host_kernel_lines, latency_rows, latency_title
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 STATUS_TEXT = {"ok": "ok", "over_bar": "over the bar", "failed": "failed"}
@@ -48,16 +48,16 @@ def render_report_html(report: Report) -> str:
         f'<p class="muted">edge-un {_e(report.edge_un_version)}, report schema '
         f"{_e(report.schema_version)}</p>",
         _summary(report),
-        "<h2>Drift (int8 vs fp32, held-out data)</h2>",
+        "<h2>Drift (int8 vs fp32, held-out data, in each target's arithmetic)</h2>",
         _table(
             ["target", "status", "top-1 fp32 → int8", "drop", "agreement", "cosine", "precision"],
             drift_rows(report),
             "drift",
             status_column=1,
         ),
+        _list(host_kernel_lines(report)) if host_kernel_lines(report) else "",
         "<h2>Latency</h2>",
-        '<p class="muted">Measured on the conversion machine, batch 1; Vela rows are the '
-        "compiler's estimate on the NPU.</p>",
+        f'<p class="muted" id="latency-host">{_e(latency_title(report))}; batch 1.</p>',
         _table(
             ["target", "runtime", "artifact", "threads", "p50 ms", "p90 ms", "p99 ms"],
             latency_rows(report),
@@ -72,6 +72,8 @@ def render_report_html(report: Report) -> str:
     ]
     if report.notes:
         body += ["<h2>Notes</h2>", _list(report.notes)]
+    if report.host is not None:
+        body += ["<h2>Host</h2>", _host(report.host)]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
@@ -107,6 +109,17 @@ def _summary(report: Report) -> str:
     ]
     rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
     return f'<dl id="summary">{rows}</dl>'
+
+
+def _host(host: Host) -> str:
+    items = [
+        ("CPU", host.label()),
+        ("machine", f"{host.machine}, {host.os}"),
+        ("int8 kernels", host.int8_kernels),
+        *((name, version) for name, version in host.versions.items()),
+    ]
+    rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
+    return f'<dl id="host">{rows}</dl>'
 
 
 def _table(

@@ -63,10 +63,13 @@ def test_tda4vm_file_is_symmetric_power_of_two_opset17_batch1_and_accurate(vit: 
     assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [17]
     # Power-of-two scales cost at most one bit; with the int32 biases re-aligned to input x
     # weight scale the model still classifies like fp32 (a mis-aligned bias measured 93 %).
+    # In TIDL's arithmetic (exact integer), not this host's ORT kernels, which saturate s8 x s8
+    # products on x86 without VNNI (tests/test_int8_hosts.py).
     evaluation = vit["evaluation"]
     reference = onnx_runner(vit["fp32"]["tda4vm"])(evaluation.inputs)
-    drift = measure_drift(reference, onnx_runner(path)(evaluation.inputs), evaluation.labels)
-    assert drift.agreement >= 0.96, drift
+    integer = onnx_runner(path, exact=True)(evaluation.inputs)
+    drift = measure_drift(reference, integer, evaluation.labels)
+    assert drift.agreement >= 0.99, drift
 
 
 def test_int32_biases_take_input_times_weight_scale(vit: dict) -> None:

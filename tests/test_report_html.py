@@ -160,6 +160,11 @@ def test_report_page_renders_in_chromium(browser, server, report: Report) -> Non
         browser.execute_script("return document.title")
         == f"edge-un conversion: {report.model.name}"
     )
+    # the machine that measured it, where the latency is and in a section of its own
+    text = "return document.querySelector(arguments[0]).textContent"
+    assert f"measured on {report.host.label()}" in browser.execute_script(text, "#latency-host")
+    host = browser.execute_script(text, "#host")
+    assert report.host.int8_kernels in host and report.host.versions["onnxruntime"] in host
 
 
 def test_hostile_names_stay_text_in_chromium(browser, server, report: Report) -> None:

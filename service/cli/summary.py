@@ -25,7 +25,7 @@ def _pct(value: float | None) -> str:
 
 def print_summary(console: Console, report: Report, headline: bool = True) -> None:
     """The model line, the drift table and the latency table (quant.summary's rows)."""
-    from quant.summary import drift_rows, latency_rows
+    from quant.summary import drift_rows, host_kernel_lines, latency_rows, latency_title
 
     reference = report.reference
     if headline:
@@ -33,17 +33,19 @@ def print_summary(console: Console, report: Report, headline: bool = True) -> No
         console.print(f"{report.model.name}: {reference.samples} evaluation samples{top1}")
     drift = output.table(
         *DRIFT_HEADERS,
-        title=f"Drift, int8 vs fp32 (bar: drop <= {report.max_drift_pts} pt, agreement >= "
-        f"{100 * report.min_agreement:.0f} %)",
+        title=f"Drift, int8 vs fp32, in each target's arithmetic (bar: drop <= "
+        f"{report.max_drift_pts} pt, agreement >= {100 * report.min_agreement:.0f} %)",
         numeric=("drop", "agreement", "cosine"),
     )
     for row in drift_rows(report):
         drift.add_row(row[0], output.status_text(row[1]), *row[2:])
     console.print()
     output.print_table(console, drift)
+    for line in host_kernel_lines(report):
+        console.print(line)
     latency = output.table(
         *LATENCY_HEADERS,
-        title="Latency (this machine; Vela: estimated on the NPU)",
+        title=latency_title(report),
         numeric=("threads", "p50 ms", "p90 ms", "p99 ms"),
     )
     for row in latency_rows(report):
