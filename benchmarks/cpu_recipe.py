@@ -43,7 +43,7 @@ import edge_un
 from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
 from edge_un.models import VisionTransformer
-from quant.data import Samples, checkpoint_samples
+from quant.data import Samples, as_feeds, checkpoint_samples
 from quant.drift import measure_drift, onnx_runner
 from quant.emulation import qemu_available, run_onnx_emulated
 from quant.host import VNNI, describe_host
@@ -77,8 +77,12 @@ def model_data(name: str, work: Path) -> tuple[Path, Samples, Samples]:
         torch.manual_seed(0)
         edge_un.save_checkpoint(VisionTransformer(**TINY, norm="un").eval(), checkpoint)
         rng = np.random.default_rng(0)
-        calibration = Samples(rng.standard_normal((32, 3, 224, 224), np.float32), None, "random")
-        evaluation = Samples(rng.standard_normal((8, 3, 224, 224), np.float32), None, "random")
+        calibration = Samples(
+            as_feeds(rng.standard_normal((32, 3, 224, 224), np.float32)), None, "random"
+        )
+        evaluation = Samples(
+            as_feeds(rng.standard_normal((8, 3, 224, 224), np.float32)), None, "random"
+        )
     else:
         checkpoint = examples.path(name)
         _, info = edge_un.load_checkpoint(checkpoint)

@@ -47,7 +47,7 @@ from converters.pipeline import export_folded, load_and_fold  # noqa: E402
 from edge_un import examples  # noqa: E402
 from edge_un.models import VisionTransformer  # noqa: E402
 from quant import tflite as quant_tflite  # noqa: E402
-from quant.data import CALIBRATION_SAMPLES, Samples, checkpoint_samples  # noqa: E402
+from quant.data import CALIBRATION_SAMPLES, Samples, as_feeds, checkpoint_samples  # noqa: E402
 from quant.host import describe_host  # noqa: E402
 from quant.latency import thread_counts  # noqa: E402
 from quant.ort_int8 import quantize_onnx  # noqa: E402
@@ -152,7 +152,7 @@ def build_artifacts(name: str, work: Path, reuse: bool) -> dict[str, Any]:
             files["fp32_onnx"],
             files["int8_onnx"],
             PROFILES["cpu"],
-            Samples(calib, None, "calibration"),
+            Samples(as_feeds(calib), None, "calibration"),
         )
         t2 = time.perf_counter()
         convert_tflite(files["fp32_b1_onnx"], calib, out / "tflite")

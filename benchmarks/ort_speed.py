@@ -42,7 +42,7 @@ from latency_ops import count_macs, peak_graphs  # noqa: E402
 import edge_un  # noqa: E402
 from converters.pipeline import export_folded, load_and_fold  # noqa: E402
 from edge_un import examples  # noqa: E402
-from quant.data import Samples, checkpoint_samples  # noqa: E402
+from quant.data import Samples, as_feeds, checkpoint_samples  # noqa: E402
 from quant.drift import measure_drift, onnx_runner  # noqa: E402
 from quant.ort_int8 import quantize_onnx  # noqa: E402
 from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES  # noqa: E402
@@ -179,7 +179,7 @@ def run_model(name: str) -> dict[str, Any]:
     for number, step in enumerate(STEPS):
         path = WORK / name / f"step{number}.onnx"
         path.parent.mkdir(parents=True, exist_ok=True)
-        quantize_onnx(fp32, path, profile_of(step), Samples(calib, None, "calibration"))
+        quantize_onnx(fp32, path, profile_of(step), Samples(as_feeds(calib), None, "calibration"))
         files[f"step{number}"] = path
         record: dict[str, Any] = {"step": step.name, "file_kib": round(path.stat().st_size / 1024)}
         if evaluation is not None:

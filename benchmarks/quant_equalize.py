@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from converters.pipeline import export_folded, load_and_fold  # noqa: E402
 from edge_un import examples  # noqa: E402
-from quant.data import Samples, checkpoint_samples  # noqa: E402
+from quant.data import Samples, as_feeds, checkpoint_samples  # noqa: E402
 from quant.drift import measure_drift, onnx_runner, sqnr_db  # noqa: E402
 from quant.ort_int8 import quantize_onnx  # noqa: E402
 from quant.targets import PROFILES  # noqa: E402
@@ -282,7 +282,9 @@ def calibration_draw(folded, seed: int) -> Samples:
     (seed 0 is exactly the draw every other benchmark calibrates on)."""
     train = checkpoint_samples(folded.info, "train")
     rows = np.random.default_rng(seed).permutation(len(train))[:CALIBRATION_SAMPLES]
-    return Samples(np.ascontiguousarray(train.inputs[rows]), train.labels[rows], train.source)
+    return Samples(
+        as_feeds(np.ascontiguousarray(train.inputs[rows])), train.labels[rows], train.source
+    )
 
 
 def run_model(label: str, source: Path, scratch: Path) -> tuple[list[dict], dict]:

@@ -101,6 +101,15 @@ class FoldedSource:
     def is_onnx(self) -> bool:
         return isinstance(self.folded, onnx.ModelProto)
 
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """The model's inputs, in order, as every export of it names them (a torch model's
+        forward arguments: ``images``; ``input_ids``, ``attention_mask``)."""
+        if self.is_onnx:
+            constants = {init.name for init in self.folded.graph.initializer}
+            return tuple(v.name for v in self.folded.graph.input if v.name not in constants)
+        return tuple(n.name for n in self.folded.graph.nodes if n.op == "placeholder")
+
 
 def load_and_fold(
     source: str | Path,

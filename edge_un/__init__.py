@@ -15,6 +15,10 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .finetune import FinetuneRecipe, make_int8_ready, migrate, recalibrate
+
+# Hugging Face models: edge_un.hf imports transformers inside its functions only, so this import
+# works without it (pip install edge-un[hf] adds it).
+from .hf import load_pretrained, save_pretrained
 from .norms import (
     MABN,
     NORM_KINDS,
@@ -55,11 +59,13 @@ __all__ = [
     "UnsafeCheckpointError",
     "__version__",
     "load_checkpoint",
+    "load_pretrained",
     "make_int8_ready",
     "make_norm",
     "migrate",
     "recalibrate",
     "regularization_loss",
     "save_checkpoint",
+    "save_pretrained",
     "swap_layernorm",
 ]

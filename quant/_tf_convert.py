@@ -11,10 +11,12 @@ The converter settings are onnx2tf's own (``from_saved_model``, per-channel weig
 TensorFlow "Flex" op would run neither in LiteRT nor on an NPU, so an op with no integer kernel
 fails the conversion here instead of slipping through.
 
-    python _tf_convert.py SAVED_MODEL CALIB.npy --int8 OUT.tflite --int16x8 OUT.tflite
+    python _tf_convert.py SAVED_MODEL CALIB.npz --int8 OUT.tflite --int16x8 OUT.tflite
 
-CALIB.npy holds the calibration samples, float32 or int64, one sample per row (the model has
-batch 1), in the ONNX model's layout (NCHW) or already channels-last as the saved_model takes.
+CALIB.npz holds the calibration samples, one array per model input named as the ONNX model names
+it (onnx2tf keeps those names as the signature's keys), float32 or int64, one sample per row (the
+model has batch 1), in the ONNX model's layout (NCHW) or already channels-last as the saved_model
+takes.
 Exit code 0 when the int8 file was written; on failure the last stderr line says why. A failed
 16x8 conversion (TensorFlow has no 16x8 path for some graphs, e.g. an int64 GATHER index input)
 is a "warning: ..." line on stdout, and no 16x8 file.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -34,14 +37,30 @@ import tensorflow as tf
 SIGNATURE = "serving_default"
 
 
-def _signature_input(saved_model: str) -> tuple[str, tf.dtypes.DType, tuple]:
-    """The single input of the saved_model's serving signature: (key, dtype, shape)."""
+def _signature_inputs(saved_model: str) -> dict[str, tuple[tf.dtypes.DType, tuple]]:
+    """The inputs of the saved_model's serving signature: key -> (dtype, shape)."""
     loaded = tf.saved_model.load(saved_model)
     spec = loaded.signatures[SIGNATURE].structured_input_signature[1]
-    if len(spec) != 1:
-        raise SystemExit(f"error: expected one model input, the saved_model has {len(spec)}")
-    ((key, tensor_spec),) = spec.items()
-    return key, tensor_spec.dtype, tuple(tensor_spec.shape)
+    return {key: (tensor.dtype, tuple(tensor.shape)) for key, tensor in spec.items()}
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
+
+
+def _calibration_for(keys: list[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The calibration array of each signature key: the one array for a one-input model, else
+    the array of the same name (onnx2tf may have changed separators or case)."""
+    if len(keys) == 1 and len(arrays) == 1:
+        return {keys[0]: next(iter(arrays.values()))}
+    by_name = {_canonical(name): array for name, array in arrays.items()}
+    missing = [key for key in keys if _canonical(key) not in by_name]
+    if missing:
+        raise SystemExit(
+            f"error: no calibration data for input(s) {', '.join(missing)} "
+            f"(given: {', '.join(arrays)})"
+        )
+    return {key: by_name[_canonical(key)] for key in keys}
 
 
 def _to_saved_model_layout(calib: np.ndarray, shape: tuple, key: str) -> np.ndarray:
@@ -59,22 +78,26 @@ def _to_saved_model_layout(calib: np.ndarray, shape: tuple, key: str) -> np.ndar
     )
 
 
-def _representative(calib: np.ndarray, key: str, dtype: tf.dtypes.DType):
-    """One sample per step, batch 1, in the input's own dtype (int64 ids stay int64)."""
+def _representative(calib: dict[str, np.ndarray], dtypes: dict[str, tf.dtypes.DType]):
+    """One sample per step, batch 1, every input in its own dtype (int64 ids stay int64)."""
+    count = min(len(array) for array in calib.values())
 
     def gen():
-        for i in range(calib.shape[0]):
-            yield {key: tf.constant(calib[i : i + 1], dtype=dtype)}
+        for i in range(count):
+            yield {key: tf.constant(a[i : i + 1], dtype=dtypes[key]) for key, a in calib.items()}
 
     return gen
 
 
 def _convert(
-    saved_model: str, calib: np.ndarray, key: str, dtype: tf.dtypes.DType, mode: str
+    saved_model: str,
+    calib: dict[str, np.ndarray],
+    dtypes: dict[str, tf.dtypes.DType],
+    mode: str,
 ) -> bytes:
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    converter.representative_dataset = _representative(calib, key, dtype)
+    converter.representative_dataset = _representative(calib, dtypes)
     converter.unfold_batchmatmul = False
     converter._experimental_disable_per_channel = False
     if mode == "int8":
@@ -86,9 +109,10 @@ def _convert(
             tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
         ]
         io_type = tf.int16
-    # Only a float input takes the integer I/O type. An int64 index input keeps its type when
-    # inference_input_type is left alone (the converter refuses tf.int64 there).
-    if dtype.is_floating:
+    # Only float inputs take the integer I/O type. int64 index and mask inputs keep their type
+    # when inference_input_type is left alone (the converter refuses tf.int64 there); it is one
+    # setting for all inputs, so a model mixing float and integer inputs keeps float input.
+    if all(dtype.is_floating for dtype in dtypes.values()):
         converter.inference_input_type = io_type
     converter.inference_output_type = io_type
     return converter.convert()
@@ -102,13 +126,19 @@ def main() -> int:
     parser.add_argument("--int16x8", required=True, help="output path of the 16x8 file")
     args = parser.parse_args()
 
-    calib = np.load(args.calib, allow_pickle=False)
-    key, dtype, shape = _signature_input(args.saved_model)
-    calib = _to_saved_model_layout(calib, shape, key)
-    print(f"input {key!r} {dtype.name} {shape}; {calib.shape[0]} calibration samples", flush=True)
+    with np.load(args.calib, allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    signature = _signature_inputs(args.saved_model)
+    calib = {
+        key: _to_saved_model_layout(array, signature[key][1], key)
+        for key, array in _calibration_for(list(signature), arrays).items()
+    }
+    dtypes = {key: dtype for key, (dtype, _) in signature.items()}
+    for key, (dtype, shape) in signature.items():
+        print(f"input {key!r} {dtype.name} {shape}; {len(calib[key])} samples", flush=True)
     for mode, out in (("int8", args.int8), ("int16x8", args.int16x8)):
         try:
-            model = _convert(args.saved_model, calib, key, dtype, mode)
+            model = _convert(args.saved_model, calib, dtypes, mode)
         except Exception as exc:  # the converter raises many types; report one line
             message = (
                 f"{mode} conversion failed: {type(exc).__name__}: {' '.join(str(exc).split())}"

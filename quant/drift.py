@@ -21,12 +21,14 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.quantization.qdq_loss_debug import create_activation_matching
 
-from .data import Samples
-from .ort_int8 import batches, saved_tensors, stream_batch
+from .data import Samples, as_feeds, feed_for
+from .ort_int8 import saved_tensors, static_batch, stream_batch
 
 EVAL_BATCH = 256
 SQNR_SAMPLES = 64  # enough to rank tensors; streamed, so only one batch is in memory at a time
-Runner = Callable[[np.ndarray], np.ndarray]
+# Named arrays, one per model input; a bare array is the one input of a single-input model.
+Inputs = np.ndarray | Mapping[str, np.ndarray]
+Runner = Callable[[Inputs], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -91,12 +93,15 @@ def onnx_runner(path: Path, threads: int = 0, *, exact: bool = False) -> Runner:
     if exact:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [value.name for value in session.get_inputs()]
     first = session.get_inputs()[0]
-    batch = first.shape[0] if isinstance(first.shape[0], int) else EVAL_BATCH
+    static = isinstance(first.shape[0], int)  # a file exported with a fixed batch runs at it
+    batch = first.shape[0] if static else EVAL_BATCH
 
-    def run(inputs: np.ndarray) -> np.ndarray:
-        chunks = [inputs[i : i + batch] for i in range(0, len(inputs), batch)]
-        return np.concatenate([session.run(None, {first.name: chunk})[0] for chunk in chunks])
+    def run(inputs: Inputs) -> np.ndarray:
+        samples = Samples(feed_for(names, as_feeds(inputs)), None, "")
+        outputs = [session.run(None, chunk)[0] for chunk in samples.batches(batch, pad=static)]
+        return np.concatenate(outputs)[: len(samples)]
 
     return run
 
@@ -118,7 +123,7 @@ def tensor_sqnr(fp32_path: Path, int8_path: Path, samples: Samples) -> list[Tens
 
     Streamed: both models run one batch at a time and each tensor keeps only its sums of
     squares, because every activation of a ViT-Tiny sample alone is ~200 MB."""
-    subset = samples.inputs[:SQNR_SAMPLES]
+    subset = samples.head(SQNR_SAMPLES)
     fp32_model = onnx.load(str(fp32_path))
     ops = {out: node.op_type for node in fp32_model.graph.node for out in node.output}
     sums: dict[str, np.ndarray] = {}
@@ -126,7 +131,8 @@ def tensor_sqnr(fp32_path: Path, int8_path: Path, samples: Samples) -> list[Tens
     with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stdout(io.StringIO()):
         run_fp32 = saved_tensors(fp32_path, Path(scratch) / "fp32.onnx")
         run_int8 = saved_tensors(int8_path, Path(scratch) / "int8.onnx")
-        for chunk in batches(subset, stream_batch(fp32_model)):
+        fixed = static_batch(fp32_model) is not None
+        for chunk in subset.batches(stream_batch(fp32_model), pad=fixed):
             fp32, int8 = run_fp32(chunk), run_int8(chunk)
             if not pairs:  # the same tensors come out of every batch
                 # graph inputs have no producing op (not a layer); tensors the int8 graph

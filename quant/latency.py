@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
+from .data import as_feeds, feed_for
 
 WARMUP = 10
 RUNS = 100
@@ -49,12 +51,16 @@ def thread_counts() -> tuple[int, ...]:
     return (1,) if cores == 1 else (1, cores)
 
 
-def onnx_latency(path: Path, sample: np.ndarray, threads: int, runs: int = RUNS) -> Timing:
-    """Batch-1 latency of an ONNX model in ONNX Runtime's CPU provider."""
+def onnx_latency(
+    path: Path, sample: np.ndarray | Mapping[str, np.ndarray], threads: int, runs: int = RUNS
+) -> Timing:
+    """Batch-1 latency of an ONNX model in ONNX Runtime's CPU provider, on the first row of
+    ``sample`` (one array per input, by name; a bare array for a single-input model)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    feed = {session.get_inputs()[0].name: sample[:1]}
+    names = [value.name for value in session.get_inputs()]
+    feed = {name: array[:1] for name, array in feed_for(names, as_feeds(sample)).items()}
     return time_calls(lambda: session.run(None, feed), threads, runs)

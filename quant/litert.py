@@ -4,10 +4,11 @@ ai-edge-litert is the maintained successor of tflite-runtime (which stops at 2.1
 with numpy 2); it runs in the main venv, so measuring a TFLite file needs no TensorFlow.
 
 Inputs are given as the ONNX model takes them (N, C, H, W for images, int64 token ids for
-text): onnx2tf made the TFLite input channels-last, and ``_to_file_layout`` moves the channel
-axis when the file's input shape says so. Float inputs are quantized with the input tensor's
-own scale and zero point; integer ids pass through. Files have a static batch of 1, so samples
-run one at a time.
+text), one array per model input by its ONNX name (a bare array for a one-input model): the
+file's inputs are matched by name (the converter calls them ``serving_default_NAME:0``), onnx2tf
+made image inputs channels-last, and ``_to_file_layout`` moves the channel axis when the file's
+input shape says so. Float inputs are quantized with the input tensor's own scale and zero
+point; integer ids pass through. Files have a static batch of 1, so samples run one at a time.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-from .drift import sqnr_db, sqnr_of_sums, square_sums
+from .data import Feeds, as_feeds
+from .drift import Inputs, sqnr_db, sqnr_of_sums, square_sums
 from .latency import Timing, time_calls
 
 SQNR_SAMPLES = 32
 _KERAS_PREFIX = re.compile(r"^model(_\d+)?/")
+_SIGNATURE_NAME = re.compile(r"^serving_default_(.*?)(:\d+)?$")
 
 
 def _interpreter(path: str | Path, threads: int = 1, *, all_tensors: bool = False) -> Interpreter:
@@ -81,23 +84,56 @@ def _dequantize(values: np.ndarray, detail: Mapping) -> np.ndarray:
     return ((values.astype(np.float64) - zero_point) * scale).astype(np.float32)
 
 
-def _prepared(interp: Interpreter, inputs: np.ndarray) -> np.ndarray:
-    detail = interp.get_input_details()[0]
-    if len(interp.get_input_details()) != 1:
-        raise ValueError("run_tflite takes single-input models")
-    samples = _to_file_layout(inputs, tuple(detail["shape"]))
-    return _quantizer(detail)(samples)
+def _input_name(detail_name: str) -> str:
+    """The ONNX input a TFLite input tensor stands for: ``serving_default_input_ids:0`` ->
+    ``input_ids`` (the TF converter names inputs after the saved_model signature's keys)."""
+    match = _SIGNATURE_NAME.match(detail_name)
+    return match.group(1) if match else detail_name
 
 
-def run_tflite(path: str | Path, inputs: np.ndarray, threads: int = 1) -> np.ndarray:
+def _canonical(name: str) -> str:
+    return re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
+
+
+class _Feeder:
+    """The file's inputs, each prepared from the model input of the same name: one call sets
+    every input tensor of the interpreter to one sample."""
+
+    def __init__(self, interp: Interpreter, inputs: Inputs) -> None:
+        feeds = as_feeds(inputs)
+        details = interp.get_input_details()
+        by_name = {_canonical(name): array for name, array in feeds.items()}
+        self.interp = interp
+        self.tensors: list[tuple[int, np.ndarray]] = []
+        for detail in details:
+            if len(details) == 1 and len(feeds) == 1:
+                array = next(iter(feeds.values()))
+            else:
+                array = by_name.get(_canonical(_input_name(detail["name"])))
+                if array is None:
+                    raise ValueError(
+                        f"no data for the TFLite input {detail['name']!r} "
+                        f"(inputs given: {', '.join(feeds)})"
+                    )
+            samples = _to_file_layout(array, tuple(detail["shape"]))
+            self.tensors.append((detail["index"], _quantizer(detail)(samples)))
+
+    def __len__(self) -> int:
+        return self.tensors[0][1].shape[0]
+
+    def set(self, sample: int) -> None:
+        for index, values in self.tensors:
+            self.interp.set_tensor(index, values[sample : sample + 1])
+
+
+def run_tflite(path: str | Path, inputs: Inputs, threads: int = 1) -> np.ndarray:
     """The model's (first) output for every sample, dequantized to float32: (N, ...)."""
     interp = _interpreter(path, threads)
-    feed = _prepared(interp, inputs)
-    in_index = interp.get_input_details()[0]["index"]
+    feeder = _Feeder(interp, inputs)
     out = interp.get_output_details()[0]
     results = []
-    for i in range(feed.shape[0]):
-        interp.set_tensor(in_index, feed[i : i + 1])
+    for i in range(len(feeder)):
+        feeder.set(i)
         interp.invoke()
         results.append(interp.get_tensor(out["index"])[0])
     return _dequantize(np.stack(results), out)
@@ -130,10 +166,9 @@ class _AllTensors:
     """One interpreter that keeps every tensor, for all samples: ``run`` one sample (the files
     have a static batch of 1), then ``read`` any activation of it by name, dequantized."""
 
-    def __init__(self, path: str | Path, inputs: np.ndarray) -> None:
+    def __init__(self, path: str | Path, inputs: Inputs) -> None:
         self.interp = _interpreter(path, all_tensors=True)
-        self.feed = _prepared(self.interp, inputs)
-        self.input_index = self.interp.get_input_details()[0]["index"]
+        self.feeder = _Feeder(self.interp, inputs)
         produced = _activations(path)
         self.details: dict[str, list[Mapping]] = {}  # a name can (rarely) hold several tensors
         for detail in self.interp.get_tensor_details():
@@ -141,10 +176,10 @@ class _AllTensors:
                 self.details.setdefault(detail["name"], []).append(detail)
 
     def __len__(self) -> int:
-        return self.feed.shape[0]
+        return len(self.feeder)
 
     def run(self, sample: int) -> None:
-        self.interp.set_tensor(self.input_index, self.feed[sample : sample + 1])
+        self.feeder.set(sample)
         self.interp.invoke()
 
     def read(self, name: str) -> np.ndarray:
@@ -153,7 +188,7 @@ class _AllTensors:
         return np.stack(found)
 
 
-def tensor_values(path: str | Path, inputs: np.ndarray) -> dict[str, np.ndarray]:
+def tensor_values(path: str | Path, inputs: Inputs) -> dict[str, np.ndarray]:
     """Every activation of the file (each op's outputs, not the constants), dequantized to
     float32, stacked over the samples: {TFLite tensor name: (N, *shape)}.
 
@@ -201,7 +236,7 @@ def onnx_names(
 
 
 def tensor_sqnr_tflite(
-    quantized: str | Path, reference: str | Path, inputs: np.ndarray, *, samples: int = SQNR_SAMPLES
+    quantized: str | Path, reference: str | Path, inputs: Inputs, *, samples: int = SQNR_SAMPLES
 ) -> list[tuple[str, str, float]]:
     """(tensor name, op type, SQNR dB) of every activation of ``quantized`` against the same
     tensor of ``reference``, the fp32 TFLite file of the same conversion
@@ -211,7 +246,7 @@ def tensor_sqnr_tflite(
     squares, because every activation of a ViT-Tiny sample alone is ~200 MB."""
     if Path(reference).suffix != ".tflite":
         raise ValueError("the SQNR reference must be the fp32 TFLite file of the same conversion")
-    subset = np.asarray(inputs)[:samples]
+    subset = _head(as_feeds(inputs), samples)
     q_tensors, f_tensors = _AllTensors(quantized, subset), _AllTensors(reference, subset)
     aligned = aligned_tensors(quantized, reference)
     pairs = {
@@ -220,7 +255,7 @@ def tensor_sqnr_tflite(
         if name in q_tensors.details and ref_name in f_tensors.details
     }
     sums = {name: np.zeros(2) for name in pairs}
-    for sample in range(len(subset)):
+    for sample in range(len(q_tensors)):
         q_tensors.run(sample)
         f_tensors.run(sample)
         for name, ref_name in list(pairs.items()):
@@ -255,18 +290,21 @@ def aligned_tensors(quantized: str | Path, reference: str | Path) -> dict[str, t
     return pairs
 
 
+def _head(feeds: Feeds, count: int) -> Feeds:
+    return {name: np.asarray(array)[:count] for name, array in feeds.items()}
+
+
 def latency_tflite(
-    path: str | Path, sample: np.ndarray, threads: int, warmup: int = 10, runs: int = 100
+    path: str | Path, sample: Inputs, threads: int, warmup: int = 10, runs: int = 100
 ) -> Timing:
-    """Batch-1 latency with XNNPACK: ``warmup`` untimed runs, then ``runs`` timed ones (set
-    input, invoke, read output); p50/p90/p99 in ms."""
+    """Batch-1 latency with XNNPACK on the first row of ``sample``: ``warmup`` untimed runs,
+    then ``runs`` timed ones (set inputs, invoke, read output); p50/p90/p99 in ms."""
     interp = _interpreter(path, threads)
-    feed = _prepared(interp, np.asarray(sample)[:1])
-    in_index = interp.get_input_details()[0]["index"]
+    feeder = _Feeder(interp, _head(as_feeds(sample), 1))
     out_index = interp.get_output_details()[0]["index"]
 
     def call() -> None:
-        interp.set_tensor(in_index, feed)
+        feeder.set(0)
         interp.invoke()
         interp.get_tensor(out_index)
 

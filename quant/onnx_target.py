@@ -16,7 +16,6 @@ error, which blames the softmax outputs for noise that arises upstream.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from . import report as schema
 from .drift import Drift, kernel_gap, measure_drift, onnx_runner, tensor_sqnr
@@ -36,15 +35,15 @@ class FallbackStep:
     drift: Drift
 
 
-def build_onnx_target(job: TargetJob) -> dict[str, Any]:
-    """int8 QDQ ONNX for ``profile`` in ``target_dir/model_int8.onnx``; the TargetReport fields
-    (artifacts, drift, fallback steps, latency...) with names relative to ``out_dir``."""
+def build_onnx_target(job: TargetJob) -> schema.TargetResult:
+    """int8 QDQ ONNX for ``profile`` in ``target_dir/model_int8.onnx``; what was made and
+    measured (artifacts, drift, fallback steps, latency...), named relative to ``out_dir``."""
     profile, bars, stage = job.profile, job.bars, job.stage
     target_dir, out_dir, evaluation = job.target_dir, job.out_dir, job.evaluation
     artifact = target_dir / "model_int8.onnx"
 
     def measure(exact: bool) -> Drift:
-        outputs = onnx_runner(artifact, exact=exact)(evaluation.inputs)
+        outputs = onnx_runner(artifact, exact=exact)(evaluation.feeds)
         return measure_drift(job.reference, outputs, evaluation.labels)
 
     def quantize_and_measure(int16: tuple[str, ...]) -> Drift:
@@ -77,7 +76,7 @@ def build_onnx_target(job: TargetJob) -> dict[str, Any]:
         host = measure(exact=False)
     stage("latency (ONNX Runtime)", 0.8)
     name = artifact.relative_to(out_dir).as_posix()
-    sample = evaluation.inputs[:1]
+    sample = evaluation.rows(0, 1)
     worst = [
         schema.LayerError(name=e.name, op=e.op, sqnr_db=e.sqnr_db, own_sqnr_db=e.own_sqnr_db)
         for e in errors[:WORST_LAYERS]
@@ -89,19 +88,19 @@ def build_onnx_target(job: TargetJob) -> dict[str, Any]:
     ) -> schema.Drift:
         return drift_record(figure, name, layers, bars.max_drop_pts, bars.min_agreement, arithmetic)
 
-    return {
-        "artifacts": [artifact_record(artifact, out_dir, "onnx", description)],
-        "drift": record(drift, worst, "exact"),
-        "pure_int8_drift": record(pure, [], "exact") if int16 else None,
-        "host_drift": None if host is None else record(host, [], "onnxruntime"),
-        "warnings": [] if host is None else kernel_warnings(drift, host),
-        "latency": [
+    return schema.TargetResult(
+        artifacts=[artifact_record(artifact, out_dir, "onnx", description)],
+        drift=record(drift, worst, "exact"),
+        pure_int8_drift=record(pure, [], "exact") if int16 else None,
+        host_drift=None if host is None else record(host, [], "onnxruntime"),
+        warnings=[] if host is None else kernel_warnings(drift, host),
+        latency=[
             latency_record(onnx_latency(artifact, sample, t, job.latency_runs), "onnxruntime", name)
             for t in thread_counts()
         ],
-        "fallback_ops": unsupported_ops(onnx_op_histogram(artifact), profile),
-        "int16_tensors": list(int16),
-        "excluded": [
+        fallback_ops=unsupported_ops(onnx_op_histogram(artifact), profile),
+        int16_tensors=list(int16),
+        excluded=[
             schema.Exclusion(
                 step=number,
                 action=f"the {len(step.tensors)} most sensitive activations to int16",
@@ -112,7 +111,7 @@ def build_onnx_target(job: TargetJob) -> dict[str, Any]:
             )
             for number, step in enumerate(steps, start=1)
         ],
-    }
+    )
 
 
 def kernel_warnings(exact: Drift, host: Drift) -> list[str]:

@@ -35,7 +35,7 @@ from onnxruntime.quantization.qdq_loss_debug import (
     modify_model_output_intermediate_tensors,
 )
 
-from .data import Samples
+from .data import Feeds, Samples, feed_for
 from .ort_graph import float_inputs, linear_as_gemm
 from .targets import TargetProfile
 
@@ -48,18 +48,20 @@ QUANT_TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
 
 
 class SamplesReader(CalibrationDataReader):
-    """Feeds calibration samples to ORT's calibrator in batches (the model's first input)."""
+    """Feeds calibration samples to ORT's calibrator in batches, every input by its name."""
 
-    def __init__(self, input_name: str, inputs: np.ndarray, batch: int) -> None:
-        self.input_name = input_name
-        self.batches = [inputs[i : i + batch] for i in range(0, len(inputs), batch)]
+    def __init__(
+        self, input_names: Sequence[str], samples: Samples, batch: int, *, pad: bool = False
+    ) -> None:
+        feeds = feed_for(input_names, samples.feeds)
+        self.batches = list(Samples(feeds, None, samples.source).batches(batch, pad=pad))
         self.position = 0
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         if self.position >= len(self.batches):
             return None
         self.position += 1
-        return {self.input_name: self.batches[self.position - 1]}
+        return self.batches[self.position - 1]
 
     def rewind(self) -> None:
         self.position = 0
@@ -74,8 +76,8 @@ def quantize_onnx(
 ) -> Path:
     """Quantize ``fp32_path`` for ``profile``; the activations in ``int16_tensors`` get 16 bits."""
     model = onnx.load(str(fp32_path))
-    input_name = model.graph.input[0].name
-    static_batch = _static_batch(model)
+    input_names = graph_input_names(model)
+    fixed = static_batch(model)
     overrides = {name: [{"quant_type": QuantType.QInt16}] for name in int16_tensors}
     with tempfile.TemporaryDirectory() as scratch, _quiet():
         prepared = Path(scratch) / "prepared.onnx"
@@ -84,7 +86,9 @@ def quantize_onnx(
         quantize_static(
             str(prepared),
             str(out_path),
-            SamplesReader(input_name, calibration.inputs, static_batch or CALIBRATION_BATCH),
+            SamplesReader(
+                input_names, calibration, fixed or CALIBRATION_BATCH, pad=fixed is not None
+            ),
             quant_format=QuantFormat.QDQ,
             per_channel=True,
             activation_type=QUANT_TYPES[profile.activation_type],
@@ -101,7 +105,7 @@ def quantize_onnx(
             # MinMax scales first: they give each activation its two power-of-two candidates
             quantized = onnx.load(str(out_path))
             scales = _activation_scales(
-                quantized, prepared, calibration.inputs[:POWER_OF_TWO_SAMPLES], Path(scratch)
+                quantized, prepared, calibration.head(POWER_OF_TWO_SAMPLES), Path(scratch)
             )
             round_scales_to_power_of_two(quantized, scales)
             onnx.save_model(quantized, str(out_path))
@@ -122,10 +126,10 @@ def _with_gemm_linears(fp32_path: Path, scratch: Path) -> Path:
 
 
 def _activation_scales(
-    quantized: onnx.ModelProto, fp32_path: Path, inputs: np.ndarray, scratch: Path
+    quantized: onnx.ModelProto, fp32_path: Path, samples: Samples, scratch: Path
 ) -> dict[str, np.ndarray]:
     """Scale name -> its best power of two, for each activation QuantizeLinear of ``quantized``
-    (by error, not only by range), judged on ``inputs`` run through the fp32 model it came from.
+    (by error, not only by range), judged on ``samples`` run through the fp32 model it came from.
 
     Streamed: a batch adds each candidate's squared error to its total and its tensors are
     dropped; the choice compares the totals, as if all samples had been kept at once."""
@@ -140,7 +144,8 @@ def _activation_scales(
     }
     errors: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # scale -> (low's, high's) totals
     run = saved_tensors(fp32_path, scratch / "augmented.onnx")
-    for chunk in batches(inputs, stream_batch(onnx.load(str(fp32_path)))):
+    fp32 = onnx.load(str(fp32_path))
+    for chunk in samples.batches(stream_batch(fp32), pad=static_batch(fp32) is not None):
         values = run(chunk)
         for scale, node in sites.items():
             real = values.get(node.input[0])
@@ -155,10 +160,8 @@ def _activation_scales(
     return {scale: _smaller_error(*candidates[scale], *errors[scale]) for scale in errors}
 
 
-def saved_tensors(
-    model_path: Path, augmented: Path
-) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
-    """A batch of inputs -> every float tensor of the model on it, flattened, by name.
+def saved_tensors(model_path: Path, augmented: Path) -> Callable[[Feeds], dict[str, np.ndarray]]:
+    """A batch of inputs (by input name) -> every float tensor of the model on it, by name.
 
     ORT's ``collect_activations`` keeps every batch and builds a session per call; this builds
     one session (graph optimizations off, as there: an int8 model runs its Q/DQ nodes as
@@ -169,27 +172,30 @@ def saved_tensors(
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.enable_cpu_mem_arena = False  # the arena would hold a batch's tensors after the run
     session = ort.InferenceSession(str(augmented), options, providers=["CPUExecutionProvider"])
-    input_name = session.get_inputs()[0].name
+    input_names = [value.name for value in session.get_inputs()]
     saved = [o.name for o in session.get_outputs() if o.name.endswith(_TENSOR_SAVE_POSTFIX)]
     names = [name[: -len(_TENSOR_SAVE_POSTFIX)] for name in saved]
 
-    def run(inputs: np.ndarray) -> dict[str, np.ndarray]:
-        return dict(zip(names, session.run(saved, {input_name: inputs}), strict=True))
+    def run(feeds: Feeds) -> dict[str, np.ndarray]:
+        outputs = session.run(saved, feed_for(input_names, feeds))
+        return dict(zip(names, outputs, strict=True))
 
     return run
 
 
 def stream_batch(model: onnx.ModelProto) -> int:
     """How many samples to run at once when every tensor is kept: the static batch, if any."""
-    return _static_batch(model) or STREAM_BATCH
+    return static_batch(model) or STREAM_BATCH
 
 
-def batches(inputs: np.ndarray, batch: int) -> Iterator[np.ndarray]:
-    return (inputs[i : i + batch] for i in range(0, len(inputs), batch))
+def graph_input_names(model: onnx.ModelProto) -> list[str]:
+    """The model's inputs (an initializer listed as an input is a constant, not one)."""
+    constants = {init.name for init in model.graph.initializer}
+    return [value.name for value in model.graph.input if value.name not in constants]
 
 
-def _static_batch(model: onnx.ModelProto) -> int | None:
-    """The fixed batch size of the first input, or None when it is dynamic."""
+def static_batch(model: onnx.ModelProto) -> int | None:
+    """The fixed batch size of the inputs (they share it), or None when it is dynamic."""
     dim = model.graph.input[0].type.tensor_type.shape.dim[0]
     return dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
 

@@ -10,6 +10,7 @@ one-line reason; the other targets still complete.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 import onnx
 
 import edge_un
+from converters.attention_masks import bound_attention_masks
 from converters.pipeline import FoldedSource, export_folded, load_and_fold
 
 from . import report as schema
@@ -34,13 +36,12 @@ from .data import (
 from .drift import onnx_runner
 from .errors import DataFileError, QuantError
 from .host import describe_host
+from .isolation import IsolatedBuilds, builder_for
 from .job import Bars, TargetJob
-from .onnx_target import build_onnx_target
 from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
 from .records import artifact_record
 from .summary import summary_markdown
 from .targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, TargetProfile, parse_targets
-from .tflite_target import build_tflite_target
 
 Progress = Callable[[str, float], None]
 REPORT_NAME = "report.json"
@@ -55,6 +56,7 @@ class Export:
     opset: int
     static_batch: bool
     reference: np.ndarray
+    rewrites: tuple[str, ...]  # what was changed in the exported graph for int8, one line each
 
 
 def convert(
@@ -92,9 +94,9 @@ def convert(
     folded = load_and_fold(model, config=config, allow_online=allow_online)
     if recalibrate_batches:
         check_recalibratable(folded)
-    spec = _input_spec(folded)
-    calibration = _samples(calib, folded, spec, "calibration")
-    evaluation = _samples(eval, folded, spec, "evaluation")
+    specs = _input_specs(folded)
+    calibration = _samples(calib, folded, specs, "calibration")
+    evaluation = _samples(eval, folded, specs, "evaluation")
     recalibration = None
     if recalibrate_batches:
         say("recalibrate", 0.03)
@@ -106,22 +108,25 @@ def convert(
     bars = Bars(max_drift, min_agreement)
     exports: dict[tuple[int, bool], Export] = {}
     reports: dict[str, schema.TargetReport] = {}
-    for index, profile in enumerate(profiles):
-        span = (0.05 + 0.9 * index / len(profiles), 0.05 + 0.9 * (index + 1) / len(profiles))
+    with tempfile.TemporaryDirectory(prefix="edge-un-targets-") as scratch:
+        builds = IsolatedBuilds(Path(scratch), calibration, evaluation)
+        for index, profile in enumerate(profiles):
+            span = (0.05 + 0.9 * index / len(profiles), 0.05 + 0.9 * (index + 1) / len(profiles))
 
-        def stage(name: str, fraction: float, profile: TargetProfile = profile, span=span) -> None:
-            say(f"{profile.name}: {name}", span[0] + (span[1] - span[0]) * fraction)
+            def stage(name: str, fraction: float, profile: TargetProfile = profile, span=span):
+                say(f"{profile.name}: {name}", span[0] + (span[1] - span[0]) * fraction)
 
-        reports[profile.name] = _build_target(
-            profile, folded, exports, out_dir, calibration, evaluation, bars, stage, latency_runs
-        )
+            reports[profile.name] = _build_target(
+                profile, folded, exports, out_dir, builds, bars, stage, latency_runs
+            )
     say("report", 0.97)
+    reference, reference_note = _reference(folded, exports, out_dir, evaluation)
     result = schema.Report(
         edge_un_version=edge_un.__version__,
-        model=_model_info(folded, spec),
+        model=_model_info(folded, specs),
         fold=folded.fold.as_dict(),
         reference=schema.Reference(
-            top1_fp32=_top1(_reference(folded, exports, out_dir, evaluation), evaluation.labels),
+            top1_fp32=_top1(reference, evaluation.labels),
             samples=len(evaluation),
             eval_source=evaluation.source,
             calibration_source=calibration.source,
@@ -135,7 +140,9 @@ def convert(
             f"{'static batch 1' if e.static_batch else 'dynamic batch'}: {e.path.name}"
             for e in exports.values()
         ]
-        + ([recalibration_note(recalibration, recalibrate_batches)] if recalibration else []),
+        + list(dict.fromkeys(line for e in exports.values() for line in e.rewrites))
+        + ([recalibration_note(recalibration, recalibrate_batches)] if recalibration else [])
+        + ([reference_note] if reference_note else []),
         recalibration=recalibration,
         host=describe_host(),
     )
@@ -150,40 +157,40 @@ def _build_target(
     folded: FoldedSource,
     exports: dict[tuple[int, bool], Export],
     out_dir: Path,
-    calibration: Samples,
-    evaluation: Samples,
+    builds: IsolatedBuilds,
     bars: Bars,
     stage: Callable[[str, float], None],
     latency_runs: int,
 ) -> schema.TargetReport:
+    """Export the fp32 file the target needs (once per opset and batch), then build the
+    target in a process of its own; any failure, a native crash included, fails this target
+    only, with its one-line reason."""
     target_dir = out_dir / profile.name
     target_dir.mkdir(exist_ok=True)
-    base = {
+    header = {
         "name": profile.name,
         "board": profile.board,
         "runtime": profile.runtime,
         "opset": profile.opset,
         "rules": list(profile.rules),
     }
-    build = build_onnx_target if "onnx_qdq" in profile.artifacts else build_tflite_target
     try:
         stage("export", 0.0)
         key = (profile.opset, profile.static_batch)
         if key not in exports:
-            exports[key] = _export(folded, out_dir, *key, evaluation)
+            exports[key] = _export(folded, out_dir, *key, builds.samples["evaluation"])
         export = exports[key]
         job = TargetJob(
-            profile, export.path, target_dir, out_dir, calibration, evaluation,
-            export.reference, bars, stage, latency_runs,
+            profile, export.path, target_dir, out_dir, builds.samples["calibration"],
+            builds.samples["evaluation"], export.reference, bars, stage, latency_runs,
         )  # fmt: skip
-        fields = build(job)
+        result = builds.build(builder_for(profile), job)
     except (ValueError, RuntimeError, OSError) as error:  # Quant/ConversionError are ValueErrors
-        return schema.TargetReport(**base, status="failed", error=_one_line(error))
-    fields["artifacts"].append(
-        artifact_record(export.path, out_dir, "onnx", "folded fp32 ONNX it was quantized from")
-    )
-    status = "ok" if fields["drift"].within_bar else "over_bar"
-    return schema.TargetReport(**base, status=status, **fields)
+        return schema.TargetReport(**header, status="failed", error=_one_line(error))
+    source = artifact_record(export.path, out_dir, "onnx", "folded fp32 ONNX it was quantized from")
+    result = result.model_copy(update={"artifacts": [*result.artifacts, source]})
+    status = "ok" if result.drift is not None and result.drift.within_bar else "over_bar"
+    return schema.TargetReport(**header, status=status, **dict(result))
 
 
 def _reference(
@@ -191,11 +198,16 @@ def _reference(
     exports: dict[tuple[int, bool], Export],
     out_dir: Path,
     evaluation: Samples,
-) -> np.ndarray:
-    """fp32 outputs on the evaluation data, from any export (all of them agree to ~1e-5)."""
-    if not exports:  # every target failed before exporting: export once for the reference
-        exports[(18, False)] = _export(folded, out_dir, 18, False, evaluation)
-    return next(iter(exports.values())).reference
+) -> tuple[np.ndarray | None, str | None]:
+    """fp32 outputs on the evaluation data, from any export (all of them agree to ~1e-5), and
+    a note when there is none: every target failed before exporting and exporting once more
+    fails too (each target's own reason is in its report)."""
+    if not exports:
+        try:
+            exports[(18, False)] = _export(folded, out_dir, 18, False, evaluation)
+        except (ValueError, RuntimeError, OSError) as error:
+            return None, f"no fp32 reference: the fp32 export failed ({_one_line(error)})"
+    return next(iter(exports.values())).reference, None
 
 
 def _export(
@@ -205,38 +217,53 @@ def _export(
     fp32_dir.mkdir(exist_ok=True)
     path = fp32_dir / f"model_opset{opset}_{'b1' if static else 'dynamic'}.onnx"
     export_folded(folded, path, opset=opset, dynamic_batch=not static)
-    return Export(path, opset, static, onnx_runner(path)(evaluation.inputs))
+    # float32-min attention masks would take all of int8's range (converters.attention_masks);
+    # the reference is of the rewritten file, which the fp32 model matches to e^-30
+    proto = onnx.load(str(path))
+    rewrites = bound_attention_masks(proto)
+    if rewrites:
+        onnx.save_model(proto, str(path))
+        onnx.checker.check_model(str(path), full_check=True)
+    reference = onnx_runner(path)(evaluation.feeds)
+    return Export(path, opset, static, reference, tuple(str(r) for r in rewrites))
 
 
-def _input_spec(folded: FoldedSource) -> InputSpec:
+def _input_specs(folded: FoldedSource) -> tuple[InputSpec, ...]:
+    """Each model input: its name, one sample's shape (-1 where the file leaves it open), dtype."""
     if folded.is_onnx:
-        value = folded.folded.graph.input[0]
-        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        return InputSpec(tuple(dims[1:]), np.dtype(dtype).name)
-    example = folded.example[0]
-    return InputSpec(tuple(example.shape[1:]), str(example.numpy().dtype))
+        values = {v.name: v.type.tensor_type for v in folded.folded.graph.input}
+        specs = []
+        for name in folded.input_names:
+            dims = [d.dim_value if d.dim_value > 0 else -1 for d in values[name].shape.dim]
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(values[name].elem_type)
+            specs.append(InputSpec(name, tuple(dims[1:]), np.dtype(dtype).name))
+        return tuple(specs)
+    return tuple(
+        InputSpec(name, tuple(example.shape[1:]), str(example.numpy().dtype))
+        for name, example in zip(folded.input_names, folded.example, strict=True)
+    )
 
 
 def _samples(
-    path: str | Path | None, folded: FoldedSource, spec: InputSpec, purpose: str
+    path: str | Path | None, folded: FoldedSource, specs: tuple[InputSpec, ...], purpose: str
 ) -> Samples:
     calibrating = purpose == "calibration"
     if path is not None:
         minimum = MIN_CALIBRATION_SAMPLES if calibrating else MIN_EVALUATION_SAMPLES
-        return load_npz(path, spec, purpose=purpose, minimum=minimum)
+        return load_npz(path, specs, purpose=purpose, minimum=minimum)
     if folded.info is None or "dataset" not in folded.info.metadata:
         flag = "--calib" if calibrating else "--eval"
+        arrays = ", ".join(f"'{spec.name}'" for spec in specs)
         raise DataFileError(
             f"{folded.source.name} records no data set: give {purpose} data as an .npz "
-            f"({flag} F.npz with 'inputs' and optional 'labels')"
+            f"({flag} F.npz with {arrays} and optional 'labels')"
         )
     if calibrating:
-        return checkpoint_samples(folded.info, "train", CALIBRATION_SAMPLES)
-    return checkpoint_samples(folded.info, "test")
+        return checkpoint_samples(folded.info, "train", CALIBRATION_SAMPLES, specs)
+    return checkpoint_samples(folded.info, "test", specs=specs)
 
 
-def _model_info(folded: FoldedSource, spec: InputSpec) -> schema.ModelInfo:
+def _model_info(folded: FoldedSource, specs: tuple[InputSpec, ...]) -> schema.ModelInfo:
     suffix = folded.source.suffix.lstrip(".")
     parameters = None
     if folded.model is not None and hasattr(folded.model, "parameters"):
@@ -245,13 +272,19 @@ def _model_info(folded: FoldedSource, spec: InputSpec) -> schema.ModelInfo:
         name=folded.source.stem,
         source_format="pt" if suffix == "pth" else suffix,
         parameters=parameters,
-        input_shape=list(spec.shape),
-        input_dtype=spec.dtype,
+        input_shape=list(specs[0].shape),
+        input_dtype=specs[0].dtype,
+        inputs=[
+            schema.ModelInput(name=spec.name, shape=list(spec.shape), dtype=spec.dtype)
+            for spec in specs
+        ],
     )
 
 
-def _top1(logits: np.ndarray, labels: np.ndarray | None) -> float | None:
-    return None if labels is None else float((logits.argmax(-1) == labels).mean())
+def _top1(logits: np.ndarray | None, labels: np.ndarray | None) -> float | None:
+    if logits is None or labels is None:
+        return None
+    return float((logits.argmax(-1) == labels).mean())
 
 
 def _one_line(error: BaseException) -> str:

@@ -22,12 +22,19 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ModelInput(_Model):
+    name: str = Field(description="as the model names it: the .npz array that feeds it")
+    shape: list[int] = Field(description="one sample, no batch axis; -1 where the file leaves it")
+    dtype: str
+
+
 class ModelInfo(_Model):
     name: str
     source_format: Literal["safetensors", "pt", "pt2", "onnx"]
     parameters: int | None = Field(description="trainable parameters; None for an ONNX source")
-    input_shape: list[int] = Field(description="one sample, no batch axis")
-    input_dtype: str
+    input_shape: list[int] = Field(description="the first input's: one sample, no batch axis")
+    input_dtype: str = Field(description="the first input's")
+    inputs: list[ModelInput] = Field(default=[], description="every input, in the model's order")
 
 
 class Reference(_Model):
@@ -112,7 +119,9 @@ class Vela(_Model):
     est_ms: float
 
 
-class TargetReport(_Model):
+class TargetHeader(_Model):
+    """Which target, under which rules, and how its conversion ended."""
+
     name: str
     board: str
     runtime: str
@@ -120,6 +129,12 @@ class TargetReport(_Model):
     rules: list[str]
     status: Literal["ok", "over_bar", "failed"]
     error: str | None = None
+
+
+class TargetResult(_Model):
+    """What a target's builder made and measured (``quant.onnx_target``,
+    ``quant.tflite_target``); it crosses from the builder's process to the pipeline's as is."""
+
     artifacts: list[Artifact] = []
     drift: Drift | None = None
     pure_int8_drift: Drift | None = Field(
@@ -143,6 +158,10 @@ class TargetReport(_Model):
     vela_pure_int8: Vela | None = Field(
         default=None, description="the pure int8 file's Vela figures, when 16x8 was shipped"
     )
+
+
+class TargetReport(TargetResult, TargetHeader):
+    """One target in report.json: its header, then what was made and measured."""
 
 
 class Host(_Model):

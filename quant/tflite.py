@@ -35,6 +35,8 @@ import onnx
 from ai_edge_litert import schema_py_generated as schema
 
 from . import toolenv
+from .data import as_feeds, feed_for
+from .drift import Inputs
 from .errors import RuleViolation
 from .litert import run_tflite
 
@@ -78,16 +80,17 @@ class TfliteArtifacts:
 
 def convert_tflite(
     onnx_path: str | Path,
-    calib_inputs: np.ndarray,
+    calib_inputs: Inputs,
     work_dir: str | Path,
     *,
     timeout_s: float = 900,
     isolate_network: bool | None = None,
 ) -> TfliteArtifacts:
-    """Convert a single-input, static-batch-1 ONNX model to full-int8 and 16x8 TFLite files.
+    """Convert a static-batch-1 ONNX model to full-int8 and 16x8 TFLite files.
 
     ``calib_inputs``: calibration samples in the ONNX model's own layout (N, C, H, W for images),
-    float32, or int64 token ids for a text model; N >= 1 (a few hundred real samples). They are
+    float32, or int64 token ids and masks for a text model, one array per model input by its
+    name (a bare array for a one-input model); N >= 1 (a few hundred real samples). They are
     fed to the converter unchanged (no mean/std), one sample at a time.
     ``timeout_s`` bounds the whole conversion. ``isolate_network``: None runs the converter
     without network when the kernel allows it, True requires that, False never isolates.
@@ -100,8 +103,9 @@ def convert_tflite(
     float and int64 inputs, no five unused variants, and no Flex-op escape hatch.
     """
     onnx_path, work_dir = Path(onnx_path).resolve(), Path(work_dir).resolve()
-    spec = _single_input(onnx_path)
-    calib = _check_calibration(calib_inputs, spec)
+    specs = _static_inputs(onnx_path)
+    feeds = feed_for([spec.name for spec in specs], as_feeds(calib_inputs))
+    calib = {spec.name: _check_calibration(feeds[spec.name], spec) for spec in specs}
     env_dir = toolenv.require()
     isolate = _network_isolation(isolate_network)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -135,8 +139,8 @@ def convert_tflite(
                 f"onnx2tf wrote no saved_model for {onnx_path.name} "
                 f"(full log: {work_dir / ONNX2TF_LOG})"
             )
-        calib_file = scratch / "calibration.npy"
-        np.save(calib_file, calib)
+        calib_file = scratch / "calibration.npz"
+        np.savez(calib_file, **calib)
         int8, int16x8 = work_dir / INT8_NAME, work_dir / INT16X8_NAME
         for stale in (int8, int16x8):
             stale.unlink(missing_ok=True)
@@ -168,7 +172,7 @@ def convert_tflite(
         notes = tuple(
             ln.removeprefix("warning: ") for ln in output.splitlines() if ln.startswith("warning: ")
         )
-        notes += _smoke_run((int8, int16x8), calib[:1])
+        notes += _smoke_run((int8, int16x8), {name: array[:1] for name, array in calib.items()})
         shutil.copyfile(float_file, work_dir / FLOAT32_NAME)
         tensor_map = work_dir / TENSOR_MAP_NAME
         tensor_map.write_text(
@@ -190,7 +194,7 @@ def convert_tflite(
     )
 
 
-def _smoke_run(files: Sequence[Path], sample: np.ndarray) -> tuple[str, ...]:
+def _smoke_run(files: Sequence[Path], sample: Inputs) -> tuple[str, ...]:
     """One LiteRT inference per file, so that a file the CPU runtime cannot run is said here,
     not when it is measured (the LN ViT's 16x8 file: LiteRT has no int16 SQUARED_DIFFERENCE)."""
     notes = []
@@ -212,8 +216,8 @@ class _InputSpec:
     shape: tuple[int, ...]
 
 
-def _single_input(onnx_path: Path) -> _InputSpec:
-    """The model's one input, with static shape (the NPU route needs batch 1, static)."""
+def _static_inputs(onnx_path: Path) -> list[_InputSpec]:
+    """The model's inputs, each with a static shape (the NPU route needs batch 1, static)."""
     if not onnx_path.is_file():
         raise TfliteConversionError(f"{onnx_path}: no such file")
     try:
@@ -221,21 +225,20 @@ def _single_input(onnx_path: Path) -> _InputSpec:
     except Exception as exc:  # protobuf's DecodeError and friends
         raise TfliteConversionError(f"{onnx_path.name}: not a readable ONNX model ({exc})") from exc
     initializers = {t.name for t in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in initializers]
-    if len(inputs) != 1:
-        raise TfliteConversionError(
-            f"{onnx_path.name}: the TFLite route takes one model input, "
-            f"this model has {len(inputs)}"
-        )
-    tensor_type = inputs[0].type.tensor_type
-    shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
-    if any(d <= 0 for d in shape) or shape[0] != 1:
-        raise TfliteConversionError(
-            f"{onnx_path.name}: input {inputs[0].name!r} has shape "
-            f"{list(shape)}; export with static batch 1 for TFLite"
-        )
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
-    return _InputSpec(inputs[0].name, np.dtype(dtype), shape)
+    specs = []
+    for value in (i for i in graph.input if i.name not in initializers):
+        tensor_type = value.type.tensor_type
+        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
+        if any(d <= 0 for d in shape) or not shape or shape[0] != 1:
+            raise TfliteConversionError(
+                f"{onnx_path.name}: input {value.name!r} has shape "
+                f"{list(shape)}; export with static batch 1 for TFLite"
+            )
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        specs.append(_InputSpec(value.name, np.dtype(dtype), shape))
+    if not specs:
+        raise TfliteConversionError(f"{onnx_path.name}: the model has no input")
+    return specs
 
 
 def _check_calibration(calib: np.ndarray, spec: _InputSpec) -> np.ndarray:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -26,13 +25,13 @@ from .tflite import check_full_integer, convert_tflite, inspect_tflite
 from .vela import VelaResult, compile_vela
 
 
-def build_tflite_target(job: TargetJob) -> dict[str, Any]:
-    """The TargetReport fields of a TFLite target; its files go to ``target_dir``."""
+def build_tflite_target(job: TargetJob) -> schema.TargetResult:
+    """What a TFLite target made and measured; its files go to ``target_dir``."""
     profile, bars, stage = job.profile, job.bars, job.stage
     target_dir, out_dir, evaluation = job.target_dir, job.out_dir, job.evaluation
     stage("onnx2tf + TFLite converter", 0.05)
     work = target_dir / "work"
-    converted = convert_tflite(job.fp32_path, job.calibration.inputs, work)
+    converted = convert_tflite(job.fp32_path, job.calibration.feeds, work)
     int8 = _keep(converted.int8, target_dir / "model_int8.tflite")
     check_full_integer(inspect_tflite(int8), io_dtype="int8")
     stage("drift (LiteRT)", 0.45)
@@ -56,51 +55,50 @@ def build_tflite_target(job: TargetJob) -> dict[str, Any]:
     stage("per-tensor SQNR", 0.6)
     worst = [
         schema.LayerError(name=tensor, op=op, sqnr_db=db, own_sqnr_db=None)
-        for tensor, op, db in tensor_sqnr_tflite(shipped, converted.float32, evaluation.inputs)
+        for tensor, op, db in tensor_sqnr_tflite(shipped, converted.float32, evaluation.feeds)
     ][:WORST_LAYERS]
     description = (
         "16x8 TFLite: int8 weights, int16 activations (drift fallback)"
         if shipped != int8
         else "full-int8 TFLite: int8 weights and activations, int8 input and output"
     )
-    fields: dict[str, Any] = {
-        "artifacts": [artifact_record(shipped, out_dir, "tflite", description)],
-        "fallback_ops": unsupported_ops(inspect_tflite(shipped).ops, profile),
-    }
+    artifacts = [artifact_record(shipped, out_dir, "tflite", description)]
+    fallback_ops = unsupported_ops(inspect_tflite(shipped).ops, profile)
+    vela_record = vela_pure_record = None
     if "vela" in profile.artifacts:
         stage("Vela", 0.7)
         vela = compile_vela(shipped, target_dir / "vela")
-        fields["artifacts"].append(
+        artifacts.append(
             artifact_record(vela.path, out_dir, "vela_tflite", "compiled by Vela for the NPU")
         )
-        fields["vela"] = _vela_record(vela)
-        fields["fallback_ops"] = sorted(set(vela.cpu_ops))
+        vela_record, fallback_ops = _vela_record(vela), sorted(set(vela.cpu_ops))
         if vela_pure is not None:
-            fields["vela_pure_int8"] = _vela_record(vela_pure)
+            vela_pure_record = _vela_record(vela_pure)
             excluded[0] = excluded[0].model_copy(update={"est_cost": _vela_cost(vela, vela_pure)})
     shutil.rmtree(work, ignore_errors=True)
     stage("latency (LiteRT)", 0.85)
-    sample, runs = evaluation.inputs[:1], job.latency_runs
-    return {
-        **fields,
-        "drift": drift_record(
-            drift, name, worst, bars.max_drop_pts, bars.min_agreement, "litert"
-        ),
-        "pure_int8_drift": (
+    sample, runs = evaluation.rows(0, 1), job.latency_runs
+    return schema.TargetResult(
+        artifacts=artifacts,
+        drift=drift_record(drift, name, worst, bars.max_drop_pts, bars.min_agreement, "litert"),
+        pure_int8_drift=(
             drift_record(pure, name, [], bars.max_drop_pts, bars.min_agreement, "litert")
             if shipped != int8
             else None
         ),
-        "latency": [
+        latency=[
             latency_record(latency_tflite(shipped, sample, t, runs=runs), "litert", name)
             for t in thread_counts()
         ],
-        "excluded": excluded,
-    }
+        fallback_ops=fallback_ops,
+        excluded=excluded,
+        vela=vela_record,
+        vela_pure_int8=vela_pure_record,
+    )
 
 
 def _drift(path: Path, reference: np.ndarray, evaluation: Samples) -> Drift:
-    return measure_drift(reference, run_tflite(path, evaluation.inputs), evaluation.labels)
+    return measure_drift(reference, run_tflite(path, evaluation.feeds), evaluation.labels)
 
 
 def _keep(produced: Path, destination: Path) -> Path:

@@ -165,13 +165,14 @@ def _no_config(config: dict | None, what: str) -> None:
 
 
 def inspect_npz(path: Path, field: Literal["calib", "eval"]) -> None:
-    """A readable .npz of numbers with 'inputs' (batch first) and optional integer 'labels';
-    its shape against the model is checked when the job runs (the model is not loaded here)."""
+    """A readable .npz of numbers: one array per model input, named as the model names it
+    ('inputs' for a one-input model), batch first, and optional integer 'labels'. Names and
+    shapes against the model are checked when the job runs (the model is not loaded here)."""
     from quant.data import MIN_CALIBRATION_SAMPLES, MIN_EVALUATION_SAMPLES, load_npz
     from quant.errors import DataFileError
 
     kind = sniff.sniff(path)
-    redo = "write one with numpy.savez(path, inputs=..., labels=...)"
+    redo = "write one with numpy.savez(path, <input name>=..., labels=...)"
     if kind == "empty":
         raise reject("Empty upload", f"the {field!r} upload is empty; {redo}", 400)
     if kind == "pickle":
@@ -184,16 +185,16 @@ def inspect_npz(path: Path, field: Literal["calib", "eval"]) -> None:
         raise reject(
             "Bad data file",
             f"the {field!r} upload is a single .npy array, not an "
-            f".npz archive with 'inputs'; {redo}",
+            f".npz archive of named arrays; {redo}",
         )
     if kind != "zip":
         raise reject("Bad data file", f"the {field!r} upload is not an .npz archive; {redo}")
     names = sniff.check_zip(path, f"{field!r} upload")
-    spec = _inputs_spec(path, names, field, redo)
+    specs = _input_specs(path, names, field, redo)
     purpose = "calibration" if field == "calib" else "evaluation"
     minimum = MIN_CALIBRATION_SAMPLES if field == "calib" else MIN_EVALUATION_SAMPLES
     try:
-        load_npz(path, spec, purpose=purpose, minimum=minimum)
+        load_npz(path, specs, purpose=purpose, minimum=minimum)
     except DataFileError as error:
         line = one_line(error).removeprefix(f"{purpose} data {path.name}: ")
         raise reject("Bad data file", f"the {field!r} upload: {line}") from None
@@ -207,19 +208,28 @@ def inspect_npz(path: Path, field: Literal["calib", "eval"]) -> None:
         ) from None
 
 
-def _inputs_spec(path: Path, names: list[str], field: str, redo: str) -> Any:
-    """The InputSpec the file's own 'inputs' header declares (so only the data is checked)."""
+def _input_specs(path: Path, names: list[str], field: str, redo: str) -> list[Any]:
+    """The InputSpecs the file's own array headers declare, one per array but 'labels' (so
+    only the data is checked here)."""
+    from quant.data import LABELS_NAME
+
+    arrays = [n.removesuffix(".npy") for n in names if n.endswith(".npy")]
+    inputs = [name for name in arrays if name != LABELS_NAME]
+    if not inputs:
+        shown = ", ".join(arrays[:10]) or "none"
+        raise reject(
+            "Bad data file", f"the {field!r} upload has no input array (found: {shown}); {redo}"
+        )
+    return [_header_spec(path, name, field, redo) for name in inputs]
+
+
+def _header_spec(path: Path, name: str, field: str, redo: str) -> Any:
     import zipfile
 
     from quant.data import InputSpec
 
-    if "inputs.npy" not in names:
-        shown = ", ".join(n.removesuffix(".npy") for n in names[:10]) or "none"
-        raise reject(
-            "Bad data file", f"the {field!r} upload has no 'inputs' array (found: {shown}); {redo}"
-        )
     try:
-        with zipfile.ZipFile(path) as archive, archive.open("inputs.npy") as stream:
+        with zipfile.ZipFile(path) as archive, archive.open(f"{name}.npy") as stream:
             version = np.lib.format.read_magic(stream)
             read = {
                 (1, 0): np.lib.format.read_array_header_1_0,
@@ -231,19 +241,19 @@ def _inputs_spec(path: Path, names: list[str], field: str, redo: str) -> Any:
     except Exception as error:
         raise reject(
             "Bad data file",
-            f"the {field!r} upload's 'inputs' is not a readable .npy "
+            f"the {field!r} upload's {name!r} is not a readable .npy "
             f"array ({one_line(error)}); {redo}",
         ) from None
     if dtype.hasobject:
         raise reject(
             "Pickled data refused",
-            f"the {field!r} upload's 'inputs' is a pickled "
+            f"the {field!r} upload's {name!r} is a pickled "
             f"object array, which is never loaded; {redo} (plain numeric arrays)",
         )
     if len(shape) == 0:
         raise reject(
             "Bad data file",
-            f"the {field!r} upload's 'inputs' is a single number; "
+            f"the {field!r} upload's {name!r} is a single number; "
             f"it needs a batch axis first; {redo}",
         )
-    return InputSpec(tuple(shape[1:]), dtype.name if dtype.kind in "biuf" else "float32")
+    return InputSpec(name, tuple(shape[1:]), dtype.name if dtype.kind in "biuf" else "float32")

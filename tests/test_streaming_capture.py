@@ -22,7 +22,7 @@ from onnxruntime.quantization.qdq_loss_debug import (
 )
 
 from quant import ort_int8
-from quant.data import Samples
+from quant.data import Samples, as_feeds
 from quant.drift import tensor_sqnr
 from quant.ort_int8 import SamplesReader, best_power_of_two, quantize_onnx
 from quant.targets import PROFILES
@@ -66,7 +66,8 @@ def _all_at_once(path: Path, inputs: np.ndarray, scratch: Path) -> dict[str, lis
     """Every tensor of every sample in memory, ORT's way: one batch of all samples."""
     augmented = scratch / f"{path.stem}_all.onnx"
     modify_model_output_intermediate_tensors(str(path), str(augmented))
-    return collect_activations(str(augmented), SamplesReader("x", inputs, len(inputs)))
+    reader = SamplesReader(["x"], Samples(as_feeds(inputs), None, "t"), len(inputs))
+    return collect_activations(str(augmented), reader)
 
 
 def _sqnr(reference: np.ndarray, actual: np.ndarray) -> float:
@@ -84,10 +85,14 @@ def mlp(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_tensor_sqnr_streamed_equals_all_samples_at_once(mlp: dict) -> None:
     int8 = quantize_onnx(
-        mlp["fp32"], mlp["dir"] / "cpu.onnx", PROFILES["cpu"], Samples(mlp["inputs"], None, "t")
+        mlp["fp32"],
+        mlp["dir"] / "cpu.onnx",
+        PROFILES["cpu"],
+        Samples(as_feeds(mlp["inputs"]), None, "t"),
     )
     streamed = {
-        e.name: e for e in tensor_sqnr(mlp["fp32"], int8, Samples(mlp["inputs"], None, "t"))
+        e.name: e
+        for e in tensor_sqnr(mlp["fp32"], int8, Samples(as_feeds(mlp["inputs"]), None, "t"))
     }
     fp32_acts = _all_at_once(mlp["fp32"], mlp["inputs"], mlp["dir"])
     int8_acts = _all_at_once(int8, mlp["inputs"], mlp["dir"])
@@ -100,7 +105,7 @@ def test_tensor_sqnr_streamed_equals_all_samples_at_once(mlp: dict) -> None:
 
 
 def test_power_of_two_choice_sums_the_errors_of_every_batch(mlp: dict) -> None:
-    tda4vm, calibration = PROFILES["tda4vm"], Samples(mlp["inputs"], None, "t")
+    tda4vm, calibration = PROFILES["tda4vm"], Samples(as_feeds(mlp["inputs"]), None, "t")
     minmax_profile = dataclasses.replace(tda4vm, power_of_two_scales=False)
     minmax = onnx.load(
         str(quantize_onnx(mlp["fp32"], mlp["dir"] / "mm.onnx", minmax_profile, calibration))

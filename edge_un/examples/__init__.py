@@ -34,6 +34,24 @@ layer's default 0.9. The two trained UN models are then made int8-ready
 every target): their metadata's ``finetune`` says so (purpose ``int8-ready``, method, weight,
 target) and ``source`` holds the training run's recipe, command and accuracy. See also
 ``README.md`` in this directory.
+
+Hugging Face ``transformers`` models, each a directory (``config.json`` + ``model.safetensors``)
+for :func:`edge_un.load_pretrained`, listed by ``names(hf=True)``, trained from scratch by
+:mod:`edge_un.examples.make_hf` on the same data, split and preprocessing (needs edge-un[hf]):
+
+===============  ==========================================================================
+name             regenerate with
+===============  ==========================================================================
+hf-vit-mnist-ln  python -m edge_un.examples.make_hf --model vit --norm ln --seed 0
+                 --threads 1 --out edge_un/examples/hf-vit-mnist-ln
+hf-vit-mnist-un  the same with --norm un --out edge_un/examples/hf-vit-mnist-un
+hf-bert-rt-ln    python -m edge_un.examples.make_hf --model bert --norm ln --seed 0
+                 --threads 1 --out edge_un/examples/hf-bert-rt-ln
+hf-bert-rt-un    the same with --norm un --out edge_un/examples/hf-bert-rt-un
+===============  ==========================================================================
+
+Their ``config.json`` holds the metadata under ``"edge_un"``; ``load_pretrained`` returns it as
+``info.metadata``, so :func:`edge_un.data.checkpoint_split` works on them too.
 """
 
 from __future__ import annotations
@@ -45,23 +63,35 @@ NAMES: tuple[str, ...] = (
     "vit-mnist-un", "vit-mnist-ln", "text-rt-un", "text-rt-ln", "vit-mnist-ln-to-un",
     "text-rt-ln-to-un",
 )  # fmt: skip
+# Hugging Face transformers models, each a directory (config.json + model.safetensors) for
+# edge_un.load_pretrained. Kept apart from NAMES: names() lists the checkpoints every edge-un
+# command takes (the CLI's example choices, the service's uploads), and these are not such files.
+HF_NAMES: tuple[str, ...] = ("hf-vit-mnist-ln", "hf-vit-mnist-un", "hf-bert-rt-ln", "hf-bert-rt-un")
 
 
 class UnknownExampleError(ValueError):
     """Not the name of a bundled example model."""
 
 
-def names() -> list[str]:
-    """Names of the bundled example models."""
-    return list(NAMES)
+def names(*, hf: bool = False) -> list[str]:
+    """Names of the bundled edge_un checkpoints; with ``hf=True`` those of the bundled Hugging
+    Face model directories instead."""
+    return list(HF_NAMES if hf else NAMES)
 
 
 def path(name: str) -> Path:
-    """The ``.safetensors`` file of the bundled example ``name``."""
-    if name not in NAMES:
+    """The ``.safetensors`` file of the bundled example ``name``, or for a Hugging Face example
+    (``hf-...``, see :func:`names`) its directory, to pass to :func:`edge_un.load_pretrained`."""
+    if name not in NAMES and name not in HF_NAMES:
         raise UnknownExampleError(
-            f"unknown example model {name!r}; bundled ones are {', '.join(NAMES)}"
+            f"unknown example model {name!r}; bundled ones are {', '.join(NAMES)} "
+            f"and, for edge_un.load_pretrained, {', '.join(HF_NAMES)}"
         )
+    if name in HF_NAMES:
+        directory = Path(str(resources.files(__name__).joinpath(name)))
+        if not (directory / "config.json").is_file():
+            raise FileNotFoundError(f"example {name!r} is not installed ({directory} is missing)")
+        return directory
     file = Path(str(resources.files(__name__).joinpath(f"{name}.safetensors")))
     if not file.is_file():
         raise FileNotFoundError(f"example {name!r} is not installed ({file} is missing)")

@@ -1,0 +1,75 @@
+"""Each target is built in a process of its own: a native crash (SIGABRT), an error or a bug in
+one target fails that target with a one-line reason, the others complete and the report is
+written. The crashing builders (tests/crash_builders.py) replace a real one for one target."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+import quant.pipeline
+from edge_un import examples
+from quant.isolation import builder_for
+from quant.pipeline import convert
+from quant.report import Report
+
+
+@pytest.fixture
+def imx93_builder(monkeypatch: pytest.MonkeyPatch):
+    """Replace the imx93 target's builder by the named one of tests/crash_builders.py."""
+
+    def use(name: str) -> None:
+        def chosen(profile):
+            return (
+                f"tests.crash_builders:{name}" if profile.name == "imx93" else builder_for(profile)
+            )
+
+        monkeypatch.setattr(quant.pipeline, "builder_for", chosen)
+
+    return use
+
+
+def run(out: Path) -> tuple[Report, list[str]]:
+    """Convert for cpu and imx93; the report and the progress stages the caller saw."""
+    stages: list[str] = []
+    report = convert(
+        examples.path("vit-mnist-un"), targets="cpu,imx93", out_dir=out, latency_runs=5,
+        progress=lambda stage, fraction: stages.append(stage),
+    )  # fmt: skip
+    assert (out / "report.json").read_text() == report.model_dump_json(indent=2) + "\n"
+    assert report.targets["cpu"].status == "ok"  # the other target completed
+    return report, stages
+
+
+def test_a_native_abort_fails_only_its_target_and_says_where(tmp_path: Path, imx93_builder):
+    imx93_builder("abort_in_drift")
+    report, stages = run(tmp_path / "out")
+    imx93 = report.targets["imx93"]
+    assert imx93.status == "failed" and imx93.drift is None and imx93.artifacts == []
+    assert imx93.error == (
+        f"the imx93 build crashed in native code (killed by {signal.SIGABRT.name}) during "
+        "'drift (LiteRT)'; its output is in imx93/build.log"
+    )
+    log = (tmp_path / "out" / "imx93" / "build.log").read_text()
+    assert "LiteRT: tensor type mismatch" in log
+    assert "imx93: drift (LiteRT)" in stages  # the child's progress reached the caller
+    assert "failed" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("builder", "error"),
+    [
+        ("raise_value_error", "the converter refused the model: op Foo has no int8 kernel"),
+        ("raise_key_error", "internal error: KeyError: 'missing'"),
+    ],
+)
+def test_an_error_in_a_target_is_its_one_line_reason(
+    tmp_path: Path, imx93_builder, builder: str, error: str
+) -> None:
+    imx93_builder(builder)
+    report, _ = run(tmp_path / "out")
+    assert report.targets["imx93"].status == "failed"
+    assert report.targets["imx93"].error == error
+    assert not (tmp_path / "out" / "imx93" / "build.log").exists()  # kept for crashes only
