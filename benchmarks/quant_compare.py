@@ -92,7 +92,8 @@ def write_markdown(runs: dict[str, dict]) -> str:
         "",
         "Made by `python benchmarks/quant_compare.py`: `quant.convert` on each bundled example,",
         "all targets, default bars (drop <= 0.5 pt, agreement >= 99 %). Drift on the held-out test",
-        "split; latency on this machine (2-core x86, one thread, batch 1, median of 100 runs;",
+        "split in each target's arithmetic (exact integer for ONNX targets, LiteRT for TFLite);",
+        f"measured on {_hosts(runs)}; latency (one thread, batch 1, median of 100 runs;",
         "other jobs shared the machine, so compare within a row, not across runs). LN models",
         "keep LayerNorm: decomposed int8 ops in TFLite, float in ONNX Runtime (listed as ops",
         "off the accelerator).",
@@ -111,6 +112,17 @@ def write_markdown(runs: dict[str, dict]) -> str:
     lines += ["", "Conversion wall time (all targets): " + ", ".join(
         f"{name} {run['seconds']} s" for name, run in runs.items())]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _hosts(runs: dict[str, dict]) -> str:
+    """The machine(s) the reports name (a run from before reports named it says so)."""
+    labels = {
+        Report.model_validate(run["report"]).host.label()
+        if run["report"].get("host")
+        else "a host not recorded"
+        for run in runs.values()
+    }
+    return " and ".join(sorted(labels))
 
 
 def comparisons(runs: dict[str, dict]) -> list[str]:
