@@ -60,8 +60,26 @@ class MaskRewrite:
         )
 
 
-def bound_attention_masks(model: onnx.ModelProto) -> list[MaskRewrite]:
-    """Rewrite ``model`` in place as the module says; what was rewritten, one per mask."""
+@dataclass(frozen=True)
+class AttentionRewrites:
+    """What ``bound_attention_masks`` changed: each mask, and the NaN guards dropped."""
+
+    masks: tuple[MaskRewrite, ...]
+    nan_guards: int
+
+    def __bool__(self) -> bool:
+        return bool(self.masks or self.nan_guards)
+
+    def lines(self) -> list[str]:
+        guard = (
+            f"{self.nan_guards} NaN guards after Softmax dropped (PyTorch SDPA's, for fully "
+            "masked rows, which a finite mask cannot make)"
+        )
+        return [str(mask) for mask in self.masks] + ([guard] if self.nan_guards else [])
+
+
+def bound_attention_masks(model: onnx.ModelProto) -> AttentionRewrites:
+    """Rewrite ``model`` in place as the module says; what was rewritten."""
     graph = model.graph
     integer_inputs = _integer_inputs(graph)
     constant = _constant_names(graph)
@@ -81,7 +99,7 @@ def bound_attention_masks(model: onnx.ModelProto) -> list[MaskRewrite]:
     guards = _drop_nan_guards(graph)
     if rewrites or guards:
         _remove_dead_nodes(graph)
-    return rewrites
+    return AttentionRewrites(tuple(rewrites), guards)
 
 
 # -- finding masks ---------------------------------------------------------------------------

@@ -18,8 +18,10 @@ import torch
 from torch import Tensor, nn
 from torch.export import ExportedProgram
 from torch.fx import GraphModule
+from torch.utils import _pytree as pytree
 
 from .errors import ConversionError, OpsetError
+from .onnx_rewrites import gathers_to_slices, rewrite_model
 from .opset import downgrade_to_opset17
 
 MIN_OPSET = 17  # what TIDL wants; the dynamo exporter itself starts at 18
@@ -64,6 +66,8 @@ def export_onnx(
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     path = Path(path)
     proto = trace_to_onnx(model, args, max(opset, 18), dynamic_batch)
+    # x[:, 0, :] (cls pooling) exports as a Gather: a slice instead, for NPUs without GATHER.
+    proto = rewrite_model(proto, gathers_to_slices, shapes=True)
     if opset == 17:
         proto = downgrade_to_opset17(proto)
     if proto.functions:
@@ -176,7 +180,7 @@ def run_torch(model: nn.Module | ExportedProgram, args: tuple) -> list[np.ndarra
     module = model.module() if isinstance(model, ExportedProgram) else model
     with torch.no_grad():
         out = module(*args)
-    flat = out if isinstance(out, (tuple, list)) else [out]
+    flat = [t for t in pytree.tree_leaves(out) if isinstance(t, Tensor)]  # ModelOutput, dict
     return [t.detach().cpu().numpy() for t in flat]
 
 

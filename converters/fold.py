@@ -37,6 +37,7 @@ from .graph import (
     LINEAR_OPS,
     ONLINE_NORM_CLASSES,
     ONLINE_NORM_OPS,
+    SHAPE_ONLY_OPS,
     Constants,
     aten,
     fetch_attr,
@@ -50,6 +51,7 @@ from .graph import (
     set_attr,
     shape,
 )
+from .program import program_output_note
 from .report import FoldReport, NormFold
 
 
@@ -79,8 +81,10 @@ def fold_norms(
     the batch size of the result stays dynamic. Online norms (LayerNorm, RMSNorm, GroupNorm) are
     an error naming them, unless ``allow_online`` (the report then says not fully integer).
     """
+    notes: tuple[str, ...] = ()
     if isinstance(model, ExportedProgram):
         program, source = model, "torch.export program"
+        notes = tuple(filter(None, [program_output_note(model)]))
     else:
         online = [
             f"{name} ({type(m).__name__})"
@@ -92,7 +96,7 @@ def fold_norms(
         args = default_example_inputs(model) if example_inputs is None else example_inputs
         program, source = export_eval(model, args), type(model).__name__
     gm = program.module()
-    report = fold_graph(gm, source=source, allow_online=allow_online)
+    report = fold_graph(gm, source=source, allow_online=allow_online, notes=notes)
     for module in gm.modules():  # an unlifted program refuses .eval(); it is an eval graph
         module.training = False
     return gm, report
@@ -138,8 +142,11 @@ def export_eval(model: nn.Module, example_inputs: Any) -> ExportedProgram:
         model.train(was_training)
 
 
-def fold_graph(gm: fx.GraphModule, *, source: str, allow_online: bool = False) -> FoldReport:
-    """Fold every offline-norm call of an exported graph in place; returns the report."""
+def fold_graph(
+    gm: fx.GraphModule, *, source: str, allow_online: bool = False, notes: tuple[str, ...] = ()
+) -> FoldReport:
+    """Fold every offline-norm call of an exported graph in place; returns the report (with
+    ``notes`` from whoever loaded the graph)."""
     online = find_online_norms(gm)
     if online and not allow_online:
         raise OnlineNormError(_online_message(online))
@@ -150,7 +157,7 @@ def fold_graph(gm: fx.GraphModule, *, source: str, allow_online: bool = False) -
     _remove_dead_attributes(gm)
     gm.graph.lint()
     gm.recompile()
-    notes = ("online norms kept (allow_online=True): the graph is not fully integer",) * bool(
+    notes += ("online norms kept (allow_online=True): the graph is not fully integer",) * bool(
         online
     )
     return FoldReport(tuple(results), source=source, online_norms=tuple(online), notes=notes)
@@ -283,6 +290,8 @@ def linear_consumers(gm: fx.GraphModule, call: NormCall) -> tuple[list[fx.Node] 
         for user in data.users:
             if user.op == "output":
                 return None, "its output is a model output"
+            if user.target in SHAPE_ONLY_OPS:
+                continue  # reads the shape only; re-pointed to the norm's input by the fold
             if user.target in LINEAR_OPS and user.args[0] is data:
                 if data in user.all_input_nodes[1:]:
                     return None, f"{module_path(user)} uses it as a weight"
@@ -307,7 +316,11 @@ def producing_layer(gm: fx.GraphModule, call: NormCall) -> tuple[fx.Node | None,
     node, axis = call.input, last_axis(call.input)
     previous: set[fx.Node] = scope
     while True:
-        others = {u for u in node.users if u not in previous and not _is_guard(u)}
+        others = {
+            u
+            for u in node.users
+            if u not in previous and not _is_guard(u) and u.target not in SHAPE_ONLY_OPS
+        }
         if others:
             return None, f"its input {node.name} also feeds {next(iter(others))}"
         if node.op != "call_function":

@@ -60,6 +60,13 @@ AFFINE_OPS = {
 }
 # Nodes with no output that only check metadata; they belong to whatever they check.
 ASSERT_OPS = {aten._assert_tensor_metadata.default, aten._assert_scalar.default}
+# Ops that read only a tensor's shape, which a per-channel affine never changes.
+SHAPE_ONLY_OPS = {
+    aten.sym_size.int,
+    aten.sym_numel.default,
+    aten.sym_stride.int,
+    aten.sym_storage_offset.default,
+}
 
 
 def class_name(cls: type) -> str:
@@ -167,6 +174,11 @@ def keeps_channels_last(user: fx.Node, data: fx.Node, channels: int) -> str | No
     """None if ``user`` commutes with a per-channel affine of ``data`` (channel axis last, size
     ``channels``) and its output keeps that axis last; otherwise the reason it does not."""
     target = user.target
+    if target in AFFINE_OPS and all(
+        isinstance(a, fx.Node) and a.op != "get_attr" for a in user.args[:2]
+    ):
+        what = "adds it to" if AFFINE_OPS[target] in ("add", "sub") else "multiplies it by"
+        return f"{user.name} ({target}) {what} another tensor (a residual or a mask)"
     if not user.args or user.args[0] is not data or data in user.all_input_nodes[1:]:
         return f"{user.name} ({target}) uses it as something other than its data input"
     in_shape, out_shape = shape(data), shape(user)

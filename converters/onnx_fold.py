@@ -10,12 +10,13 @@ Add is a bias or an embedding, not a norm):
   its input, if nothing else reads that;
 * else stays, as one Mul + Add (a longer chain is collapsed). The FoldReport says which, and why.
 
-Names and kinds come from the torch exporter's node metadata when present, else node names.
+Names and kinds come from the torch exporter's node metadata when present, else node names
+(:mod:`.onnx_names`). External data is read with path checks (:mod:`.onnx_load`); ``x[:, 0, :]``
+becomes a slice (:mod:`.onnx_rewrites`); Shape/Size readers never block a fold.
 """
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,12 +25,13 @@ import onnx
 import onnx_ir as ir
 import onnxscript.optimizer
 import torch
-from google.protobuf.message import DecodeError
 from onnx_ir.passes.common import NameFixPass, RemoveUnusedNodesPass, ShapeInferencePass
 
 from .equations import fold_affine_into_preceding_linear
-from .errors import NotAnOnnxModelError, OnlineNormError
-from .graph import offline_norm_classes
+from .errors import OnlineNormError
+from .onnx_load import load_onnx
+from .onnx_names import label, layer_name, norm_name
+from .onnx_rewrites import constant, fresh_name, gathers_to_slices
 from .report import FoldReport, NormFold
 
 AFFINE_OPS = {"Mul": "mul", "Add": "add", "Sub": "sub", "Div": "div"}
@@ -38,6 +40,8 @@ ONLINE_NORM_OPS = {
     "MeanVarianceNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
 }  # fmt: skip
 PASS_THROUGH = {"Identity", "Dropout", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+# Ops that read only a tensor's shape, which a per-channel affine never changes.
+SHAPE_ONLY = {"Shape", "Size"}
 
 
 @dataclass
@@ -52,23 +56,6 @@ class Chain:
         return self.nodes[-1].outputs[0]
 
 
-def load_onnx(path: str | Path) -> onnx.ModelProto:
-    """Read and check an ONNX file; anything else is a NotAnOnnxModelError (one line)."""
-    path = Path(path)
-    try:
-        proto = onnx.load(str(path))
-    except (DecodeError, OSError, ValueError, RuntimeError) as error:
-        raise NotAnOnnxModelError(f"{path.name} is not a readable ONNX model: {error}") from None
-    if not proto.graph.node or not proto.opset_import:
-        raise NotAnOnnxModelError(f"{path.name} is not an ONNX model (no graph or no opset)")
-    try:
-        onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as error:
-        first = str(error).strip().splitlines()[0]
-        raise NotAnOnnxModelError(f"{path.name} is not a valid ONNX model: {first}") from None
-    return proto
-
-
 def fold_onnx(
     model: str | Path | onnx.ModelProto, *, allow_online: bool = False
 ) -> tuple[onnx.ModelProto, FoldReport]:
@@ -80,6 +67,7 @@ def fold_onnx(
     RemoveUnusedNodesPass()(ir_model)
     ShapeInferencePass()(ir_model)
     graph = ir_model.graph
+    gathers_to_slices(graph)  # x[:, 0, :] as a slice: no GATHER for the NPU to refuse
     online = [f"{n.name} ({n.op_type})" for n in graph.all_nodes() if n.op_type in ONLINE_NORM_OPS]
     if online and not allow_online:
         raise OnlineNormError(
@@ -96,15 +84,18 @@ def fold_onnx(
     return out, report
 
 
-def constant(value: ir.Value | None) -> np.ndarray | None:
-    if value is None:
-        return None
-    tensor = ir.convenience.get_const_tensor(value)
-    return None if tensor is None else tensor.numpy()
-
-
 def single_use(value: ir.Value) -> bool:
     return len(value.uses()) == 1 and not value.is_graph_output()
+
+
+def reads_shape_only(node: ir.Node) -> bool:
+    return node.op_type in SHAPE_ONLY and node.domain in ("", "ai.onnx")
+
+
+def single_data_use(value: ir.Value) -> bool:
+    """Read by one node for its values (Shape/Size readers aside), and not a graph output."""
+    readers = [user for user, _ in value.uses() if not reads_shape_only(user)]
+    return len(readers) == 1 and not value.is_graph_output()
 
 
 def affine_step(node: ir.Node) -> tuple[ir.Value, str, np.ndarray, bool] | None:
@@ -138,8 +129,8 @@ def find_chains(graph: ir.Graph) -> list[Chain]:
         if step is None or id(node) in used:
             continue
         nodes = [node]
-        while single_use(nodes[-1].outputs[0]):
-            user, _ = next(iter(nodes[-1].outputs[0].uses()))
+        while single_data_use(nodes[-1].outputs[0]):
+            user = next(u for u, _ in nodes[-1].outputs[0].uses() if not reads_shape_only(u))
             next_step = affine_step(user)
             if next_step is None or next_step[0] is not nodes[-1].outputs[0]:
                 break
@@ -156,9 +147,12 @@ def compose(nodes: list[ir.Node], data: ir.Value) -> Chain | None:
     steps = [affine_step(n) for n in nodes]
     widths = [s[2].shape[-1] for s in steps if s and s[2].ndim]
     dims = data.shape
-    channels = max(widths, default=dims[-1] if dims is not None and dims.rank() else 1)
+    last = dims[-1] if dims is not None and dims.rank() else None
+    channels = max(widths, default=last if last is not None else 1)
     if not isinstance(channels, int) or any(w not in (1, channels) for w in widths):
         return None
+    if isinstance(last, int) and last != channels:
+        return None  # the constants broadcast the data to more channels: not x * s + t
     scale, shift = np.ones(channels), np.zeros(channels)
     for step in steps:
         assert step is not None
@@ -177,40 +171,13 @@ def compose(nodes: list[ir.Node], data: ir.Value) -> Chain | None:
     return Chain(nodes, data, scale, shift)
 
 
-def describe(chain: Chain) -> tuple[str, str]:
-    """(name, kind): the torch module path and norm kind when the exporter recorded them."""
-    meta = chain.nodes[0].metadata_props
-    try:
-        scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
-        classes = ast.literal_eval(meta.get("pkg.torch.onnx.class_hierarchy", "[]"))
-    except (ValueError, SyntaxError):
-        scopes, classes = [], []
-    norms = offline_norm_classes()
-    if len(classes) >= 2 and classes[-2] in norms and len(scopes) >= 2:
-        return scopes[-2], norms[classes[-2]].kind
-    return chain.nodes[0].name or chain.output.name or "affine", "affine"
-
-
-def layer_name(node: ir.Node) -> str:
-    try:
-        scopes = ast.literal_eval(node.metadata_props.get("pkg.torch.onnx.name_scopes", "[]"))
-    except (ValueError, SyntaxError):
-        scopes = []
-    return scopes[-2] if len(scopes) >= 2 else label(node)
-
-
-def label(node: ir.Node) -> str:
-    """A node's name, or its op and output when the file has no node names."""
-    return node.name or f"{node.op_type}({node.outputs[0].name})"
-
-
 def fold_chain(graph: ir.Graph, chain: Chain) -> NormFold | None:
     # Recompose from the graph as it is now: an earlier fold may have changed a bias in it.
     step = affine_step(chain.nodes[0]) if chain.nodes[0].graph is graph else None
     chain = compose(chain.nodes, step[0]) if step else None  # type: ignore[assignment]
     if chain is None:
         return None
-    name, kind = describe(chain)
+    name, kind = norm_name(chain.nodes[0], chain.output)
     consumers, forward_reason = matmul_consumers(chain)
     if consumers is not None:
         for layer in consumers:
@@ -249,6 +216,9 @@ def _channels_kept(node: ir.Node, data: ir.Value, channels: int) -> str | None:
     """None if the op passes a per-channel affine (last axis) through unchanged."""
     out = node.outputs[0]
     rank = data.shape.rank() if data.shape is not None else 0
+    if node.op_type in AFFINE_OPS and all(constant(v) is None for v in node.inputs):
+        what = "adds it to" if node.op_type in ("Add", "Sub") else "multiplies it by"
+        return f"{label(node)} ({node.op_type}) {what} another tensor (a residual or a mask)"
     if node.inputs[0] is not data or any(v is data for v in node.inputs[1:]):
         return f"{label(node)} ({node.op_type}) reads it as something other than data"
     last_kept = out.shape is not None and out.shape.rank() and out.shape[-1] == channels
@@ -283,6 +253,8 @@ def matmul_consumers(chain: Chain) -> tuple[list[ir.Node] | None, str]:
         if value.is_graph_output():
             return None, f"{value.name} is a model output"
         for user, index in value.uses():
+            if reads_shape_only(user):
+                continue  # a per-channel affine keeps the shape; re-pointed by bypass()
             if user.op_type in ("MatMul", "Gemm") and index == 0:
                 weight, problem = _weight(user)
                 if weight is None:
@@ -305,7 +277,7 @@ def matmul_producer(chain: Chain) -> tuple[ir.Node | None, str]:
         producer = value.producer()
         if producer is None:
             return None, f"its input {value.name} is a graph input"
-        if not single_use(value):
+        if not single_data_use(value):
             return None, f"its input {value.name} is also read elsewhere"
         rank = value.shape.rank() if value.shape is not None else -1
         if producer.op_type in ("MatMul", "Gemm") and axis == rank - 1:
@@ -346,32 +318,23 @@ def _source_axis(source: ir.Value | None, out: ir.Value, axis: int) -> int | Non
 
 def _set_const(graph: ir.Graph, node: ir.Node, index: int, array: np.ndarray, name: str) -> None:
     """Give input ``index`` of ``node`` a new initializer (the old one is then unused)."""
-    value = ir.Value(name=_fresh(graph, name), const_value=ir.tensor(array))
+    value = ir.Value(name=fresh_name(graph, name), const_value=ir.tensor(array))
     graph.register_initializer(value)
     if index >= len(node.inputs):
         node.resize_inputs(index + 1)
     node.replace_input_with(index, value)
 
 
-def _fresh(graph: ir.Graph, base: str) -> str:
-    taken = set(graph.initializers)
-    name, index = base, 0
-    while name in taken:
-        index += 1
-        name = f"{base}_{index}"
-    return name
-
-
 def _bias_add(layer: ir.Node) -> tuple[ir.Node, int] | None:
     """The Add that adds a constant bias to a MatMul's output, if it is its only reader."""
     out = layer.outputs[0]
-    if not single_use(out):
+    if not single_data_use(out):
         return None
-    user, index = next(iter(out.uses()))
-    if user.op_type != "Add" or constant(user.inputs[1 - index]) is None:
-        return None
-    bias = constant(user.inputs[1 - index])
-    if bias is None or bias.ndim > 1 or not single_use(user.inputs[1 - index]):  # type: ignore[arg-type]
+    user, index = next((u, i) for u, i in out.uses() if not reads_shape_only(u))
+    bias = constant(user.inputs[1 - index]) if user.op_type == "Add" else None
+    # A bias shared with other Adds (the exporter merges equal ones, e.g. zeros) is fine: the
+    # fold gives this Add a new initializer and leaves the shared one to the others.
+    if bias is None or bias.ndim > 1:
         return None
     return user, 1 - index
 
@@ -395,7 +358,8 @@ def _write(graph: ir.Graph, layer: ir.Node, weight_kn: np.ndarray, bias: np.ndar
         _set_const(graph, add, index, bias.astype(dtype), f"{layer.name}_bias_folded")
         return
     value = ir.Value(
-        name=_fresh(graph, f"{layer.name}_bias_folded"), const_value=ir.tensor(bias.astype(dtype))
+        name=fresh_name(graph, f"{layer.name}_bias_folded"),
+        const_value=ir.tensor(bias.astype(dtype)),
     )
     graph.register_initializer(value)
     out = layer.outputs[0]
@@ -459,6 +423,12 @@ def fold_into_preceding(graph: ir.Graph, layer: ir.Node, chain: Chain) -> None:
 
 
 def bypass(graph: ir.Graph, chain: Chain, replacement: ir.Value) -> None:
+    """Route the chain's output to ``replacement`` and remove the chain; Shape/Size readers of
+    values inside it read the chain's input instead (same shape)."""
+    for node in chain.nodes[:-1]:
+        for user, index in list(node.outputs[0].uses()):
+            if reads_shape_only(user):
+                user.replace_input_with(index, chain.data)
     out = chain.output
     ir.convenience.replace_all_uses_with(out, replacement, replace_graph_outputs=True)
     if out.is_graph_output():
@@ -472,10 +442,12 @@ def replace_with_scale_shift(graph: ir.Graph, chain: Chain) -> None:
     constants = [constant(v) for v in first.inputs]
     dtype = next(c.dtype for c in constants if c is not None)  # the dtype the chain computed in
     scale = ir.Value(
-        name=_fresh(graph, f"{first.name}_scale"), const_value=ir.tensor(chain.scale.astype(dtype))
+        name=fresh_name(graph, f"{first.name}_scale"),
+        const_value=ir.tensor(chain.scale.astype(dtype)),
     )
     shift = ir.Value(
-        name=_fresh(graph, f"{first.name}_shift"), const_value=ir.tensor(chain.shift.astype(dtype))
+        name=fresh_name(graph, f"{first.name}_shift"),
+        const_value=ir.tensor(chain.shift.astype(dtype)),
     )
     graph.register_initializer(scale)
     graph.register_initializer(shift)

@@ -6,6 +6,7 @@ so the two schema changes of opset 18 that exported Transformers use are undone 
 ``Split(num_outputs=n)`` gets its explicit ``split`` sizes back, and the ``axes`` input of
 ReduceMean/ReduceMax/... becomes the attribute it was. Any other op whose schema changed in 18
 is an error, never a mislabelled file; onnx.checker then validates the result against opset 17.
+:func:`convert_opset` moves a model to any opset 17-25, GELU included.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from .errors import OpsetError
+from .onnx_rewrites import GELU_OPSET, gelu_for_opset
 
 # Reduce ops whose ``axes`` moved from attribute to input in opset 18 (ReduceSum moved in 13).
 REDUCE_AXES_MOVED = {
@@ -91,18 +93,42 @@ def _reduce_axes_as_attribute(node: ir.Node) -> None:
 
 def convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     """The graph declared and written at ``opset``: onnx's version converter (up, or down to 18),
-    then :func:`downgrade_to_opset17` for 17. Raises OpsetError when it cannot be done."""
+    then :func:`downgrade_to_opset17` for 17. GELU follows the opset: lowered to its formula
+    below 20 (the converter has no Gelu adapter), one Gelu node from 20 on (an Erf pattern is
+    fused). Raises OpsetError when it cannot be done."""
     current = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    if current == opset:
-        return model
+    if opset < GELU_OPSET:
+        model = gelu_for_opset(model, opset)
     step = 18 if opset == 17 else opset
-    if current != step:
+    if current not in (opset, step):
         try:
             model = onnx.version_converter.convert_version(model, step)
         except Exception as error:  # the converter raises bare RuntimeErrors with C++ text
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            raise OpsetError(f"cannot convert opset {current} to {step}: {first}") from None
-    return downgrade_to_opset17(model) if opset == 17 else model
+            model = relabelled(model, step, f"cannot convert opset {current} to {step}: {first}")
+    if opset == 17 and current != 17:
+        model = downgrade_to_opset17(model)
+    return gelu_for_opset(model, opset) if opset >= GELU_OPSET else model
+
+
+def relabelled(model: onnx.ModelProto, opset: int, why_not: str) -> onnx.ModelProto:
+    """The same graph declared at ``opset`` when every node is valid there as written.
+
+    onnx's converter has no downward adapter for ops whose newer versions only admit more types
+    (ConstantOfShape 20, Cast/Reshape/Shape 19 and 21, ...): the node needs no change, only the
+    declared version. The full checker then validates each node against ``opset``'s schemas
+    (inputs, attributes, type constraints) and shape inference; if it refuses, ``why_not`` (the
+    converter's own reason) is the OpsetError."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model)
+    for entry in proto.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = opset
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError):
+        raise OpsetError(why_not) from None
+    return proto
 
 
 def with_static_batch(model: onnx.ModelProto, batch: int = 1) -> onnx.ModelProto:

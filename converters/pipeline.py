@@ -102,6 +102,18 @@ class FoldedSource:
         return isinstance(self.folded, onnx.ModelProto)
 
     @property
+    def fixed_batch(self) -> int | None:
+        """The batch size a torch program was exported with static shapes for (its graph bakes
+        it into reshapes, so no export can make it dynamic); None when the batch is dynamic."""
+        if self.is_onnx:
+            return None
+        for node in self.folded.graph.nodes:
+            value = node.meta.get("val") if node.op == "placeholder" else None
+            if value is not None and getattr(value, "ndim", 0) and isinstance(value.shape[0], int):
+                return int(value.shape[0])
+        return None
+
+    @property
     def input_names(self) -> tuple[str, ...]:
         """The model's inputs, in order, as every export of it names them (a torch model's
         forward arguments: ``images``; ``input_ids``, ``attention_mask``)."""
@@ -142,7 +154,10 @@ def export_folded(
         onnx.save_model(proto, str(path), save_as_external_data=False)
         onnx.checker.check_model(str(path), full_check=True)
         return None
-    example = folded.example if dynamic_batch else tuple(a[:1] for a in folded.example)
+    fixed = folded.fixed_batch
+    if fixed is not None:  # a program exported with static shapes keeps them (batch `fixed`)
+        dynamic_batch = False
+    example = folded.example if dynamic_batch else tuple(a[: fixed or 1] for a in folded.example)
     return export_onnx(folded.folded, example, path, opset=opset, dynamic_batch=dynamic_batch)
 
 
@@ -287,6 +302,7 @@ def summary_markdown(result: ConversionResult) -> str:
             f"folded ONNX {check.onnx_accuracy:.4f}, top-1 agreement {check.top1_agreement:.4f}, "
             f"max abs logit diff {check.max_abs_diff:.3g}",
         ]
+    lines += [f"- note: {note}" for note in fold.notes]
     lines += [f"- note: {note}" for note in result.notes]
     lines += [
         "",

@@ -8,6 +8,11 @@ the same archive with torch's own reader and deserializer but: raw tensor payloa
 ones with ``weights_only=True``), no custom or opaque objects, no AOTInductor libraries, sample
 inputs with ``weights_only=True`` or dropped. It relies on private torch.export helpers, which is
 why torch is pinned.
+
+A program that returns a structure (a Hugging Face ``ModelOutput``, a dict, a tuple) is reduced
+to its logits before deserialization (:mod:`.program_outputs`): its classes are never imported.
+:func:`program_output_note` says which output was kept; :func:`~converters.fold_norms` puts
+that into its FoldReport.
 """
 
 from __future__ import annotations
@@ -46,8 +51,10 @@ from torch.export.pt2_archive.constants import (
 )
 
 from .errors import NotAProgramError
+from .program_outputs import reduce_to_logits
 
 MODEL_NAME = "model"  # what torch.export.save names the program in the archive
+OUTPUT_NOTE = "edge_un_output_note"  # graph_module.meta key: which output was kept, and why
 
 
 def load_program(path: str | Path) -> ExportedProgram:
@@ -78,13 +85,27 @@ def _read(reader: PT2ArchiveReader, name: str) -> ExportedProgram:
     if model_file not in files:
         raise NotAProgramError(f"{name} has no program named {MODEL_NAME!r}")
     program = _bytes_to_dataclass(schema.ExportedProgram, reader.read_bytes(model_file))
+    note = reduce_to_logits(program, name)
     state_dict = _tensors(reader, WEIGHTS_CONFIG_FILENAME_FORMAT, WEIGHTS_DIR, name)
     constants = _tensors(reader, CONSTANTS_CONFIG_FILENAME_FORMAT, CONSTANTS_DIR, name)
     inputs_file = SAMPLE_INPUTS_FILENAME_FORMAT.format(MODEL_NAME)
     example_inputs = _safe_load(reader.read_bytes(inputs_file)) if inputs_file in files else None
     if not (isinstance(example_inputs, tuple) and len(example_inputs) == 2):
         example_inputs = b""  # not plain tensors: dropped, never unpickled unsafely
-    return ExportedProgramDeserializer().deserialize(program, state_dict, constants, example_inputs)
+    result = ExportedProgramDeserializer().deserialize(
+        program, state_dict, constants, example_inputs
+    )
+    if note:
+        # What only the dropped outputs computed (hidden states, attentions) is dead now.
+        result.graph_module.graph.eliminate_dead_code()
+        result.graph_module.recompile()
+        result.graph_module.meta[OUTPUT_NOTE] = note
+    return result
+
+
+def program_output_note(program: ExportedProgram) -> str | None:
+    """Which output :func:`load_program` kept of a program returning a structure, else None."""
+    return program.graph_module.meta.get(OUTPUT_NOTE)
 
 
 def _safe_load(data: bytes) -> Any:

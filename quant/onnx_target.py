@@ -120,9 +120,12 @@ def kernel_warnings(exact: Drift, host: Drift) -> list[str]:
     gap = kernel_gap(exact, host)
     if gap <= KERNEL_GAP_PTS:
         return []
+    top1 = ""
+    if exact.top1_drop_pts is not None and host.top1_drop_pts is not None:
+        top1 = f", top-1 drop {host.top1_drop_pts:.1f} vs {exact.top1_drop_pts:.1f} pt"
     return [
         f"this host's ONNX Runtime int8 kernels differ from the file's exact arithmetic by "
-        f"{gap:.1f} pt (agreement {100 * host.agreement:.1f} % vs {100 * exact.agreement:.1f} "
-        "%): the drift figures are the exact ones; CPUs with this host's int8 kernels (see the "
-        "report's host) compute like the host"
+        f"{gap:.1f} pt (agreement {100 * host.agreement:.1f} vs {100 * exact.agreement:.1f} %"
+        f"{top1}): the drift figures are the exact ones; CPUs with this host's int8 kernels "
+        "(see the report's host) compute like the host"
     ]

@@ -38,6 +38,7 @@ from .errors import DataFileError, QuantError
 from .host import describe_host
 from .isolation import IsolatedBuilds, builder_for
 from .job import Bars, TargetJob
+from .ort_int8 import static_batch
 from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
 from .records import artifact_record
 from .summary import summary_markdown
@@ -57,6 +58,11 @@ class Export:
     static_batch: bool
     reference: np.ndarray
     rewrites: tuple[str, ...]  # what was changed in the exported graph for int8, one line each
+    batch: int | None  # the file's fixed batch size; None: dynamic
+
+    def note(self) -> str:
+        batch = "dynamic batch" if self.batch is None else f"static batch {self.batch}"
+        return f"fp32 folded model exported at opset {self.opset}, {batch}: {self.path.name}"
 
 
 def convert(
@@ -135,11 +141,8 @@ def convert(
         max_drift_pts=max_drift,
         min_agreement=min_agreement,
         targets=reports,
-        notes=[
-            f"fp32 folded model exported at opset {e.opset}, "
-            f"{'static batch 1' if e.static_batch else 'dynamic batch'}: {e.path.name}"
-            for e in exports.values()
-        ]
+        notes=list(folded.fold.notes)
+        + [export.note() for export in exports.values()]
         + list(dict.fromkeys(line for e in exports.values() for line in e.rewrites))
         + ([recalibration_note(recalibration, recalibrate_batches)] if recalibration else [])
         + ([reference_note] if reference_note else []),
@@ -215,17 +218,19 @@ def _export(
 ) -> Export:
     fp32_dir = out_dir / "fp32"
     fp32_dir.mkdir(exist_ok=True)
-    path = fp32_dir / f"model_opset{opset}_{'b1' if static else 'dynamic'}.onnx"
-    export_folded(folded, path, opset=opset, dynamic_batch=not static)
+    exported = fp32_dir / f"model_opset{opset}.onnx"
+    export_folded(folded, exported, opset=opset, dynamic_batch=not static)
+    proto = onnx.load(str(exported))
     # float32-min attention masks would take all of int8's range (converters.attention_masks);
     # the reference is of the rewritten file, which the fp32 model matches to e^-30
-    proto = onnx.load(str(path))
     rewrites = bound_attention_masks(proto)
-    if rewrites:
-        onnx.save_model(proto, str(path))
-        onnx.checker.check_model(str(path), full_check=True)
+    batch = static_batch(proto)  # a source with static shapes keeps its batch size
+    path = fp32_dir / f"model_opset{opset}_{'dynamic' if batch is None else f'b{batch}'}.onnx"
+    onnx.save_model(proto, str(path))
+    exported.unlink()
+    onnx.checker.check_model(str(path), full_check=True)
     reference = onnx_runner(path)(evaluation.feeds)
-    return Export(path, opset, static, reference, tuple(str(r) for r in rewrites))
+    return Export(path, opset, static, reference, tuple(rewrites.lines()), batch)
 
 
 def _input_specs(folded: FoldedSource) -> tuple[InputSpec, ...]:
