@@ -15,9 +15,11 @@ model goes through ``from_pretrained``. ``transformers`` is imported inside the 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -64,6 +66,14 @@ def require_transformers() -> ModuleType:
             f"Hugging Face models need transformers; run: {INSTALL_HINT}"
         ) from None
     return transformers
+
+
+def is_pretrained_model(model: object) -> bool:
+    """A ``transformers`` model (saved as a directory), told apart without importing
+    transformers: if nothing imported it, no object can be one of its models."""
+    transformers = sys.modules.get("transformers")
+    base = getattr(transformers, "PreTrainedModel", None) if transformers else None
+    return isinstance(base, type) and isinstance(model, base)
 
 
 # -- what a model's edge_un norms are -------------------------------------------------------
@@ -140,7 +150,8 @@ def save_pretrained(
         raise CheckpointError(f"metadata must be plain JSON without NaN/Inf ({error})") from None
     # transformers >= 5 always writes safetensors and no longer takes the argument.
     accepts_flag = "safe_serialization" in inspect.signature(model.save_pretrained).parameters
-    model.save_pretrained(directory, **({"safe_serialization": True} if accepts_flag else {}))
+    with _quiet_progress():
+        model.save_pretrained(directory, **({"safe_serialization": True} if accepts_flag else {}))
     if not (directory / WEIGHTS_FILE).is_file() and not (directory / WEIGHTS_INDEX_FILE).is_file():
         raise CheckpointError(f"{directory}: save_pretrained wrote no {WEIGHTS_FILE}")
     config_path = directory / CONFIG_FILE
@@ -481,9 +492,11 @@ def _check_shapes(
 def _load_plain(cls: Any, directory: Path) -> nn.Module:
     """A model without edge_un norms, through transformers' own loader (safetensors only)."""
     try:
-        model, loading = cls.from_pretrained(
-            str(directory), local_files_only=True, use_safetensors=True, output_loading_info=True
-        )
+        with _quiet_progress():
+            model, loading = cls.from_pretrained(
+                str(directory), local_files_only=True, use_safetensors=True,
+                output_loading_info=True,
+            )  # fmt: skip
     except (OSError, ValueError, RuntimeError, KeyError, TypeError, SafetensorError) as error:
         raise TensorMismatchError(
             f"{directory.name}: transformers cannot load it ({_first_line(error)})"
@@ -501,6 +514,22 @@ def _load_plain(cls: Any, directory: Path) -> nn.Module:
     return model
 
 
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """No "Loading weights" / "Writing model shards" progress bars from transformers: reading or
+    writing a file is not a task the user follows (and a command's error must stay its one line
+    on stderr)."""
+    from transformers.utils import logging
+
+    was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -509,24 +538,37 @@ def _first_line(error: BaseException) -> str:
 # -- running a classifier on edge_un's preprocessed inputs -----------------------------------
 
 
+def pad_token_id(model: nn.Module) -> int:
+    """The padding id of a text model (0, edge_un's own, when its config names none)."""
+    pad_id = getattr(getattr(model, "config", None), "pad_token_id", None)
+    return 0 if pad_id is None else int(pad_id)
+
+
+def named_inputs(model: nn.Module, inputs: Tensor) -> dict[str, Tensor]:
+    """edge_un's preprocessed input as the keyword inputs of a ``transformers`` model.
+
+    ``edge_un.data`` gives images as float (N, 1, H, W) and text as token ids (N, L): they
+    become ``pixel_values``, or ``input_ids`` with ``attention_mask`` 1 at real tokens and 0 at
+    the model's ``pad_token_id`` (how the bundled hf-* examples were trained).
+    """
+    name = getattr(model, "main_input_name", "input_ids")
+    if name == "input_ids":
+        return {"input_ids": inputs, "attention_mask": (inputs != pad_token_id(model)).long()}
+    return {name: inputs}
+
+
 class ClassifierLogits(nn.Module):
     """A ``transformers`` classifier as a function of edge_un model input, returning logits.
 
-    ``edge_un.data`` gives images as float (N, 1, H, W) and text as token ids (N, L); this
-    passes them as ``pixel_values``, or as ``input_ids`` with ``attention_mask`` 1 at real tokens
-    and 0 at ``pad_token_id``. transformers returns an output dataclass; training, evaluation and
-    export want the logits tensor.
+    The input goes in as :func:`named_inputs` makes it. transformers returns an output
+    dataclass; training, evaluation and export want the logits tensor.
     """
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
         self.input_name = getattr(model, "main_input_name", "input_ids")
-        pad_id = getattr(getattr(model, "config", None), "pad_token_id", None)
-        self.pad_id = 0 if pad_id is None else int(pad_id)
+        self.pad_id = pad_token_id(model)
 
     def forward(self, inputs: Tensor) -> Tensor:
-        if self.input_name == "input_ids":
-            mask = (inputs != self.pad_id).long()
-            return self.model(input_ids=inputs, attention_mask=mask).logits
-        return self.model(**{self.input_name: inputs}).logits
+        return self.model(**named_inputs(self.model, inputs)).logits

@@ -181,6 +181,12 @@ def _sum_of_squares(values: np.ndarray) -> float:
 
 
 def sqnr_of_sums(signal_sq: float, noise_sq: float) -> float:
-    if noise_sq == 0.0:
+    """SQNR in dB from the two sums; never a math error: a tensor holding float32-min fills
+    (an attention mask left unbounded) overflows to inf, and a zero tensor has no signal."""
+    if noise_sq == 0.0 or math.isnan(noise_sq):
+        return math.inf if noise_sq == 0.0 else -math.inf
+    if math.isinf(noise_sq):
+        return -math.inf
+    if math.isinf(signal_sq):
         return math.inf
     return 20.0 * math.log10(max(math.sqrt(signal_sq), 1e-30) / math.sqrt(noise_sq))

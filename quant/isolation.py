@@ -113,6 +113,7 @@ class IsolatedBuilds:
             "reference": str(reference),
             "bars": dataclasses.asdict(job.bars),
             "latency_runs": job.latency_runs,
+            "shared_dir": str(self.scratch / "shared"),
         }
 
 
@@ -205,6 +206,7 @@ def main(job_dir: str, fd: str) -> int:
                 bars=Bars(**document["bars"]),
                 stage=lambda name, fraction: send({"stage": name, "fraction": fraction}),
                 latency_runs=document["latency_runs"],
+                shared_dir=Path(document["shared_dir"]),
             )
             result = _import(document["builder"])(job)
         except Exception as error:  # the pipeline reports it as this target's one-line reason

@@ -36,3 +36,4 @@ class TargetJob:
     bars: Bars
     stage: Callable[[str, float], None]
     latency_runs: int
+    shared_dir: Path | None = None

@@ -84,7 +84,7 @@ def _dequantize(values: np.ndarray, detail: Mapping) -> np.ndarray:
     return ((values.astype(np.float64) - zero_point) * scale).astype(np.float32)
 
 
-def _input_name(detail_name: str) -> str:
+def input_name(detail_name: str) -> str:
     """The ONNX input a TFLite input tensor stands for: ``serving_default_input_ids:0`` ->
     ``input_ids`` (the TF converter names inputs after the saved_model signature's keys)."""
     match = _SIGNATURE_NAME.match(detail_name)
@@ -109,7 +109,7 @@ class _Feeder:
             if len(details) == 1 and len(feeds) == 1:
                 array = next(iter(feeds.values()))
             else:
-                array = by_name.get(_canonical(_input_name(detail["name"])))
+                array = by_name.get(_canonical(input_name(detail["name"])))
                 if array is None:
                     raise ValueError(
                         f"no data for the TFLite input {detail['name']!r} "

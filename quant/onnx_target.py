@@ -22,7 +22,7 @@ from .drift import Drift, kernel_gap, measure_drift, onnx_runner, tensor_sqnr
 from .job import TargetJob
 from .latency import onnx_latency, thread_counts
 from .ort_int8 import quantize_onnx
-from .records import WORST_LAYERS, artifact_record, drift_record, latency_record
+from .records import WORST_LAYERS, artifact_record, drift_record, latency_record, onnx_inputs
 from .rules import check_onnx_artifact, onnx_op_histogram, unsupported_ops
 
 FIRST_FALLBACK_STEP = 4
@@ -90,6 +90,7 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
 
     return schema.TargetResult(
         artifacts=[artifact_record(artifact, out_dir, "onnx", description)],
+        inputs=onnx_inputs(artifact),
         drift=record(drift, worst, "exact"),
         pure_int8_drift=record(pure, [], "exact") if int16 else None,
         host_drift=None if host is None else record(host, [], "onnxruntime"),

@@ -6,9 +6,14 @@ import hashlib
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+import onnx
+
 from . import report as schema
 from .drift import Drift
 from .latency import Timing
+from .litert import input_name as _input_name
+from .tflite import TfliteInfo
 
 WORST_LAYERS = 5  # how many of the lowest-SQNR tensors a target's report names
 Runtime = Literal["onnxruntime", "litert"]
@@ -56,6 +61,36 @@ def drift_record(
         worst_layers=worst,
         within_bar=drift.within(max_drop_pts, min_agreement),
     )
+
+
+def onnx_inputs(path: Path) -> list[schema.ModelInput]:
+    """An ONNX file's inputs, batch axis dropped (-1 where the file leaves a size open)."""
+    model = onnx.load(str(path), load_external_data=False)
+    constants = {init.name for init in model.graph.initializer}
+    inputs = []
+    for value in (v for v in model.graph.input if v.name not in constants):
+        tensor_type = value.type.tensor_type
+        dims = [d.dim_value if d.dim_value > 0 else -1 for d in tensor_type.shape.dim]
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)).name
+        inputs.append(schema.ModelInput(name=value.name, shape=dims[1:], dtype=dtype))
+    return inputs
+
+
+def tflite_inputs(info: TfliteInfo) -> list[schema.ModelInput]:
+    """A TFLite file's inputs as its runtime takes them (quantization of int8 ones)."""
+    inputs = []
+    for tensor in info.inputs:
+        quantized = tensor.dtype in ("int8", "uint8", "int16")
+        inputs.append(
+            schema.ModelInput(
+                name=_input_name(tensor.name),
+                shape=list(tensor.shape[1:]),
+                dtype=tensor.dtype,
+                scale=tensor.scale if quantized else None,
+                zero_point=tensor.zero_point if quantized else None,
+            )
+        )
+    return inputs
 
 
 def latency_record(timing: Timing, runtime: Runtime, artifact: str) -> schema.Latency:

@@ -26,6 +26,10 @@ class ModelInput(_Model):
     name: str = Field(description="as the model names it: the .npz array that feeds it")
     shape: list[int] = Field(description="one sample, no batch axis; -1 where the file leaves it")
     dtype: str
+    scale: float | None = Field(
+        default=None, description="an int8 input's quantization: real = scale * (q - zero_point)"
+    )
+    zero_point: int | None = None
 
 
 class ModelInfo(_Model):
@@ -136,6 +140,11 @@ class TargetResult(_Model):
     ``quant.tflite_target``); it crosses from the builder's process to the pipeline's as is."""
 
     artifacts: list[Artifact] = []
+    inputs: list[ModelInput] = Field(
+        default=[],
+        description="what the shipped file takes, input by input (a TFLite image input is "
+        "channels-last int8; token ids and masks stay int64)",
+    )
     drift: Drift | None = None
     pure_int8_drift: Drift | None = Field(
         default=None, description="before any fallback, when the fallback changed something"

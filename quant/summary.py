@@ -58,6 +58,38 @@ def latency_rows(report: Report) -> list[list[str]]:
     return rows
 
 
+def norms_line(report: Report) -> str:
+    """``9 offline norms, all folded into Linear weights`` / ``5 offline norms: 1 folded, 4
+    kept as one per-channel Mul + Add (a, b, ...)``: what folding did, in one line."""
+    norms = report.fold.get("norms", [])
+    kept = [n["name"] for n in norms if n["action"] == "scale_shift"]
+    line = f"{len(norms)} offline norms"
+    if not kept:
+        line += ", all folded into Linear weights" if norms else ""
+    else:
+        line += (
+            f": {len(norms) - len(kept)} folded into Linear weights, {len(kept)} kept as one "
+            f"per-channel Mul + Add, integer on every target ({', '.join(kept)})"
+        )
+    if not report.fold.get("fully_integer", True):
+        line += "; online norms left: NOT fully integer"
+    return line
+
+
+def inputs_line(target: TargetReport) -> str:
+    """What the shipped file takes: ``pixel_values int8 [28, 28, 1] (scale 0.0078, zero point
+    -128)``, ``input_ids int64 [48]``, ..."""
+    parts = []
+    for value in target.inputs:
+        quantized = (
+            f" (scale {value.scale:.4g}, zero point {value.zero_point})"
+            if value.scale is not None
+            else ""
+        )
+        parts.append(f"{value.name} {value.dtype} {value.shape}{quantized}")
+    return "; ".join(parts)
+
+
 def latency_title(report: Report) -> str:
     """Where the latency was measured: int8 speed differs by CPU (VNNI or not, Arm dot product)."""
     where = report.host.label() if report.host is not None else "this machine"
@@ -93,8 +125,7 @@ def summary_markdown(report: Report) -> str:
         f"calibrated on {ref.calibration_samples} ({ref.calibration_source})",
         f"- bars: top-1 drop <= {report.max_drift_pts} pt and agreement >= "
         f"{100 * report.min_agreement:.0f} %",
-        f"- norms: {len(report.fold['norms'])} offline, fully integer-ready: "
-        f"{'yes' if report.fold['fully_integer'] else 'NO'}",
+        f"- norms: {norms_line(report)}",
         "",
         "## Drift (int8 vs fp32, held-out data, in each target's arithmetic)",
         "",
@@ -113,6 +144,8 @@ def summary_markdown(report: Report) -> str:
         lines += [f"- runtime: {target.runtime}; rules: {'; '.join(target.rules)}"]
         if target.error:
             lines.append(f"- FAILED: {target.error}")
+        if target.inputs:
+            lines.append(f"- takes (batch 1 shown without its batch axis): {inputs_line(target)}")
         for item in target.artifacts:
             lines.append(f"- `{item.name}` ({item.bytes:,} bytes, sha256 {item.sha256[:12]}...): "
                          f"{item.description}")  # fmt: skip

@@ -17,6 +17,7 @@ first, so it never tries.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -76,6 +77,23 @@ class TfliteArtifacts:
     quantize_s: float
     network_isolated: bool
     notes: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> str:
+        """The record with its files named relative to the directory that holds them."""
+        fields = {
+            key: value.name if isinstance(value, Path) else value
+            for key, value in dataclasses.asdict(self).items()
+        }
+        return json.dumps(fields)
+
+    @classmethod
+    def from_json(cls, text: str, directory: Path) -> TfliteArtifacts:
+        """The record of ``to_json`` for the same files inside ``directory``."""
+        fields = json.loads(text)
+        for key in ("int8", "int16x8", "float32", "tensor_map", "onnx2tf_log", "quantize_log"):
+            fields[key] = None if fields[key] is None else directory / fields[key]
+        fields["notes"] = tuple(fields["notes"])
+        return cls(**fields)
 
 
 def convert_tflite(

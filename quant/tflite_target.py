@@ -19,9 +19,15 @@ from .drift import Drift, measure_drift
 from .job import TargetJob
 from .latency import thread_counts
 from .litert import latency_tflite, run_tflite, tensor_sqnr_tflite
-from .records import WORST_LAYERS, artifact_record, drift_record, latency_record
+from .records import (
+    WORST_LAYERS,
+    artifact_record,
+    drift_record,
+    latency_record,
+    tflite_inputs,
+)
 from .rules import unsupported_ops
-from .tflite import check_full_integer, convert_tflite, inspect_tflite
+from .tflite import TfliteArtifacts, check_full_integer, convert_tflite, inspect_tflite
 from .vela import VelaResult, compile_vela
 
 
@@ -31,7 +37,7 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     target_dir, out_dir, evaluation = job.target_dir, job.out_dir, job.evaluation
     stage("onnx2tf + TFLite converter", 0.05)
     work = target_dir / "work"
-    converted = convert_tflite(job.fp32_path, job.calibration.feeds, work)
+    converted = _converted(job, work)
     int8 = _keep(converted.int8, target_dir / "model_int8.tflite")
     check_full_integer(inspect_tflite(int8), io_dtype="int8")
     stage("drift (LiteRT)", 0.45)
@@ -80,6 +86,7 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     sample, runs = evaluation.rows(0, 1), job.latency_runs
     return schema.TargetResult(
         artifacts=artifacts,
+        inputs=tflite_inputs(inspect_tflite(shipped)),
         drift=drift_record(drift, name, worst, bars.max_drop_pts, bars.min_agreement, "litert"),
         pure_int8_drift=(
             drift_record(pure, name, [], bars.max_drop_pts, bars.min_agreement, "litert")
@@ -95,6 +102,22 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
         vela=vela_record,
         vela_pure_int8=vela_pure_record,
     )
+
+
+def _converted(job: TargetJob, work: Path) -> TfliteArtifacts:
+    """onnx2tf and TensorFlow's converter, once per fp32 file and conversion: every TFLite
+    target takes the same files from the same calibration data (their rules apply after), so
+    the second target copies the first one's (the slowest step, ~15-20 s for a small ViT)."""
+    if job.shared_dir is None:
+        return convert_tflite(job.fp32_path, job.calibration.feeds, work)
+    cached = job.shared_dir / "tflite" / job.fp32_path.stem
+    record = cached / "artifacts.json"
+    if not record.is_file():
+        record.parent.mkdir(parents=True, exist_ok=True)
+        converted = convert_tflite(job.fp32_path, job.calibration.feeds, cached)
+        record.write_text(converted.to_json())
+    shutil.copytree(cached, work, dirs_exist_ok=True)
+    return TfliteArtifacts.from_json(record.read_text(), work)
 
 
 def _drift(path: Path, reference: np.ndarray, evaluation: Samples) -> Drift:

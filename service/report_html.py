@@ -14,7 +14,14 @@ import re
 from collections.abc import Iterable
 
 from quant.report import Host, Report, TargetReport
-from quant.summary import drift_rows, host_kernel_lines, latency_rows, latency_title
+from quant.summary import (
+    drift_rows,
+    host_kernel_lines,
+    inputs_line,
+    latency_rows,
+    latency_title,
+    norms_line,
+)
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 STATUS_TEXT = {"ok": "ok", "over_bar": "over the bar", "failed": "failed"}
@@ -85,8 +92,6 @@ def render_report_html(report: Report) -> str:
 
 def _summary(report: Report) -> str:
     model, ref = report.model, report.reference
-    fold = report.fold if isinstance(report.fold, dict) else {}
-    norms = fold.get("norms") or []
     top1 = "-" if ref.top1_fp32 is None else f"{100 * ref.top1_fp32:.2f} %"
     parameters = "-" if model.parameters is None else f"{model.parameters:,}"
     items = [
@@ -101,11 +106,7 @@ def _summary(report: Report) -> str:
             f"top-1 drop ≤ {report.max_drift_pts} pt, agreement ≥ "
             f"{100 * report.min_agreement:.0f} %",
         ),
-        (
-            "norms",
-            f"{len(norms)} offline; fully integer-ready: "
-            f"{'yes' if fold.get('fully_integer') else 'no'}",
-        ),
+        ("norms", norms_line(report)),
     ]
     rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
     return f'<dl id="summary">{rows}</dl>'
@@ -179,6 +180,8 @@ def _target_details(target: TargetReport) -> str:
         "</span></p>",
         _list(target.rules),
     ]
+    if target.inputs:
+        parts.append(f"<p>takes: {_e(inputs_line(target))}</p>")
     if target.error:
         parts.append(f'<p class="error">error: {_e(target.error)}</p>')
     if target.artifacts:

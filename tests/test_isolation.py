@@ -73,3 +73,26 @@ def test_an_error_in_a_target_is_its_one_line_reason(
     assert report.targets["imx93"].status == "failed"
     assert report.targets["imx93"].error == error
     assert not (tmp_path / "out" / "imx93" / "build.log").exists()  # kept for crashes only
+
+
+def test_when_every_target_fails_the_cli_shows_each_targets_own_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No target built: the report is still written with an fp32 reference, and the command
+    line prints every target's own reason (not an unrelated export error) and exits 1."""
+    from service.cli.app import main
+
+    builders = {"cpu": "raise_value_error", "imx93": "abort_in_drift"}
+    monkeypatch.setattr(
+        quant.pipeline, "builder_for",
+        lambda profile: f"tests.crash_builders:{builders[profile.name]}",
+    )  # fmt: skip
+    out = tmp_path / "out"
+    code = main(["convert", "vit-mnist-un", "--target", "cpu,imx93", "-o", str(out)])
+    printed = " ".join(capsys.readouterr().out.split())  # the table wraps long reasons
+    assert code == 1
+    report = Report.read(out / "report.json")
+    assert [t.status for t in report.targets.values()] == ["failed", "failed"]
+    assert report.reference.top1_fp32 is not None  # the fp32 export still ran once
+    assert "op Foo has no int8 kernel" in printed
+    assert "killed by SIGABRT" in printed and "imx93/build.log" in printed

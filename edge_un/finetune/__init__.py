@@ -1,5 +1,6 @@
 """Fine-tuning for deployment: distil a LayerNorm model into UN, make a UN model int8-ready,
-and recompute precise inference statistics. One distillation engine serves every use."""
+and recompute precise inference statistics. One distillation engine serves every use, for
+edge_un's own models (one input tensor) and Hugging Face models (named inputs) alike."""
 
 from .engine import (
     EpochRecord,
@@ -10,6 +11,7 @@ from .engine import (
     distill,
     predict,
 )
+from .inputs import ModelInputs
 from .int8_ready import METHODS, BranchDecay, RangePenalty, make_int8_ready, residual_ranges
 from .migrate import NothingToMigrateError, migrate
 from .recalibrate import LayerTID, RecalibrationReport, inference_statistics, recalibrate
@@ -23,6 +25,7 @@ __all__ = [
     "FinetuneRecipe",
     "FinetuneResult",
     "LayerTID",
+    "ModelInputs",
     "NothingToMigrateError",
     "RangePenalty",
     "RecalibrationReport",

@@ -4,6 +4,10 @@ Migration (LayerNorm -> UN) and the int8-ready fine-tune are the same job with a
 student and a different extra loss: the student matches the teacher's temperature-softened
 logits (KL), plus the label loss when labels exist. Distillation needs no labels, so a user can
 migrate a model on unlabelled data from their own deployment.
+
+Inputs are named, batch-first tensors (:mod:`.inputs`): one tensor for edge_un's own models,
+several keyword inputs for a Hugging Face model (``input_ids`` with ``attention_mask``); every
+batch takes the same rows of each.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from ..training.fit import (
     parameter_groups,
     random_shift,
 )
+from .inputs import Inputs, ModelInputs, batches, count, forward, head, is_image, named, rows
 
 # Called after every training forward of the student; returns a scalar added to the loss.
 ExtraLoss = Callable[[nn.Module], Tensor]
@@ -95,11 +100,10 @@ class FinetuneResult:
 
 
 @torch.no_grad()
-def predict(model: nn.Module, inputs: Tensor) -> Tensor:
+def predict(model: nn.Module, inputs: ModelInputs) -> Tensor:
     """Eval-mode logits in batches; NaN/Inf is divergence, not a low score."""
     model.eval()
-    outputs = [model(inputs[i : i + EVAL_BATCH]) for i in range(0, len(inputs), EVAL_BATCH)]
-    logits = torch.cat(outputs)
+    logits = torch.cat([forward(model, batch) for batch in batches(named(inputs), EVAL_BATCH)])
     if not torch.isfinite(logits).all():
         raise TrainingDivergedError("model outputs NaN/Inf in eval mode")
     return logits
@@ -124,6 +128,16 @@ def scale_norm_warmup(model: nn.Module, steps: int) -> dict[str, int]:
             module.warmup_iters = int(module.num_steps) + steps
             scaled[name] = module.warmup_iters
     return scaled
+
+
+def augment(batch: Inputs, recipe: FinetuneRecipe, generator: torch.Generator) -> Inputs:
+    """The recipe's random shift applied to every image input; other inputs pass unchanged."""
+    if not recipe.shift:
+        return batch
+    return {
+        name: random_shift(tensor, recipe.shift, generator) if is_image(tensor) else tensor
+        for name, tensor in batch.items()
+    }
 
 
 def distillation_loss(
@@ -154,18 +168,19 @@ def distillation_loss(
 def distill(
     student: nn.Module,
     teacher: nn.Module,
-    inputs: Tensor,
+    inputs: ModelInputs,
     labels: Tensor | None = None,
     *,
     recipe: FinetuneRecipe | None = None,
-    val_inputs: Tensor | None = None,
+    val_inputs: ModelInputs | None = None,
     val_labels: Tensor | None = None,
     extra_loss: ExtraLoss | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = print,
     desc: str = "fine-tune",
 ) -> FinetuneResult:
-    """Fine-tune ``student`` in place to match the frozen ``teacher`` on ``inputs``.
+    """Fine-tune ``student`` in place to match the frozen ``teacher`` on ``inputs`` (a tensor,
+    or named tensors for a model taking several inputs: see :mod:`.inputs`).
 
     AdamW (decay on matrices only) with a linear warm-up then cosine decay, gradient clipping,
     UN/PN warm-up scaled to the run, RBN's penalty when present, ``extra_loss(student)`` after
@@ -174,16 +189,20 @@ def distill(
     for agreement. Raises TrainingDivergedError as soon as the loss is NaN/Inf.
     """
     recipe = recipe or FinetuneRecipe()
-    if labels is not None and len(labels) != len(inputs):
-        raise ValueError(f"{len(inputs)} inputs but {len(labels)} labels")
-    if len(inputs) == 0:
+    inputs = named(inputs)
+    samples = count(inputs)
+    if labels is not None and len(labels) != samples:
+        raise ValueError(f"{samples} inputs but {len(labels)} labels")
+    if samples == 0:
         raise ValueError("no training inputs")
-    if val_inputs is None:
-        val_inputs, val_labels = inputs[:500], None
+    if val_inputs is None:  # agreement only, on the first training inputs
+        val, val_labels = head(inputs, 500), None
+    else:
+        val = named(val_inputs)
     teacher.eval().requires_grad_(False)
-    teacher_val = predict(teacher, val_inputs)
+    teacher_val = predict(teacher, val)
 
-    steps_per_epoch = math.ceil(len(inputs) / recipe.batch_size)
+    steps_per_epoch = math.ceil(samples / recipe.batch_size)
     total_steps = recipe.epochs * steps_per_epoch
     warmup_steps = max(1, round(total_steps * recipe.lr_warmup_fraction))
     norm_warmup = scale_norm_warmup(
@@ -203,19 +222,18 @@ def distill(
     try:
         for epoch in range(1, recipe.epochs + 1):
             student.train()
-            order = torch.randperm(len(inputs), generator=generator)
+            order = torch.randperm(samples, generator=generator)
             losses, extras = [], []
-            for start in range(0, len(order), recipe.batch_size):
-                rows = order[start : start + recipe.batch_size]
-                batch = inputs[rows]
-                if recipe.shift and batch.ndim == 4:
-                    batch = random_shift(batch, recipe.shift, generator)
+            for start in range(0, samples, recipe.batch_size):
+                picked = order[start : start + recipe.batch_size]
+                batch = augment(rows(inputs, picked), recipe, generator)
                 teacher_logits = None
                 if recipe.distill:
                     with torch.no_grad():
-                        teacher_logits = teacher(batch)
-                batch_labels = None if labels is None else labels[rows]
-                loss = distillation_loss(student(batch), teacher_logits, batch_labels, recipe)
+                        teacher_logits = forward(teacher, batch)
+                batch_labels = None if labels is None else labels[picked]
+                student_logits = forward(student, batch)
+                loss = distillation_loss(student_logits, teacher_logits, batch_labels, recipe)
                 loss = loss + regularization_loss(student)
                 extra = extra_loss(student) if extra_loss is not None else torch.zeros(())
                 total = loss + extra
@@ -233,9 +251,7 @@ def distill(
                 extras.append(float(extra.detach()))
                 bar.update(1)
                 bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
-            history.append(
-                _validate(student, teacher_val, val_inputs, val_labels, epoch, losses, extras)
-            )
+            history.append(_validate(student, teacher_val, val, val_labels, epoch, losses, extras))
             if log is not None:
                 log(_epoch_line(history[-1], recipe.epochs))
     finally:
@@ -255,7 +271,7 @@ def distill(
 def _validate(
     student: nn.Module,
     teacher_val: Tensor,
-    val_inputs: Tensor,
+    val_inputs: Inputs,
     val_labels: Tensor | None,
     epoch: int,
     losses: list[float],

@@ -14,7 +14,8 @@ computes) under one of two pressures on that range:
 * ``"growth"``: the same penalty with the limit relative to the first norm input's range, so
   it bounds how much the stream grows with depth rather than its absolute scale;
 * ``"decay"``: extra L2 decay on the residual branches' output projections (weights and biases
-  of ``attn.proj`` and ``mlp.fc2``), which is what the stream accumulates;
+  of ``attn.proj`` and ``mlp.fc2``, or their Hugging Face names: see ``BRANCH_OUTPUTS``), which
+  is what the stream accumulates;
 * ``"fakequant"``: quantization-aware training of those tensors: every norm input, the inputs
   of the branch output projections and every Linear's output go through symmetric per-tensor
   int8 fake quantization
@@ -34,9 +35,14 @@ from torch import Tensor, nn
 
 from ..norms import LayerNorm, OfflineNorm
 from .engine import FinetuneRecipe, FinetuneResult, distill
+from .inputs import ModelInputs, batches, call, head, named
 
 METHODS: tuple[str, ...] = ("range", "growth", "decay", "fakequant")
-BRANCH_OUTPUTS: tuple[str, ...] = ("attn.proj", "mlp.fc2")
+# The Linear that ends each residual branch (attention, MLP), by module name suffix: edge_un's
+# models; transformers' ViT and DeiT; BERT (attention.output.dense, output.dense); DistilBERT.
+BRANCH_OUTPUTS: tuple[str, ...] = (
+    "attn.proj", "mlp.fc2", "attention.o_proj", "output.dense", "attention.out_lin", "ffn.lin2",
+)  # fmt: skip
 NORM_TYPES = (OfflineNorm, nn.LayerNorm, LayerNorm)
 
 
@@ -46,7 +52,9 @@ def norm_inputs_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 @torch.no_grad()
-def residual_ranges(model: nn.Module, inputs: Tensor, batch_size: int = 256) -> dict[str, float]:
+def residual_ranges(
+    model: nn.Module, inputs: ModelInputs, batch_size: int = 256
+) -> dict[str, float]:
     """Abs max of every norm's input over ``inputs`` in eval mode, by norm name (what a MinMax
     int8 calibration on the same inputs would see)."""
     ranges: dict[str, float] = {}
@@ -60,8 +68,8 @@ def residual_ranges(model: nn.Module, inputs: Tensor, batch_size: int = 256) -> 
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in norm_inputs_modules(model)]
     try:
         model.eval()
-        for start in range(0, len(inputs), batch_size):
-            model(inputs[start : start + batch_size])
+        for batch in batches(named(inputs), batch_size):
+            call(model, batch)
     finally:
         for handle in handles:
             handle.remove()
@@ -194,14 +202,14 @@ DEFAULT_WEIGHTS = {"range": 1.0, "growth": 0.01, "decay": 3e-3, "fakequant": 0.0
 
 def make_int8_ready(
     model: nn.Module,
-    inputs: Tensor,
+    inputs: ModelInputs,
     labels: Tensor | None = None,
     *,
     method: str = "range",
     weight: float | None = None,
     target: float = 8.0,
     recipe: FinetuneRecipe | None = None,
-    val_inputs: Tensor | None = None,
+    val_inputs: ModelInputs | None = None,
     val_labels: Tensor | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = print,
@@ -221,7 +229,8 @@ def make_int8_ready(
     recipe = recipe or FinetuneRecipe(lr=5e-4)
     teacher = copy.deepcopy(model).eval()
     student = copy.deepcopy(model)
-    probe = inputs[:256]
+    inputs = named(inputs)
+    probe = head(inputs, 256)
     before = residual_ranges(student, probe)
     penalty: RangePenalty | BranchDecay | FakeQuant
     if method in ("range", "growth"):

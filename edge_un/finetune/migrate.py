@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from ..norms import OFFLINE_KINDS, OfflineNorm, UnifiedNorm
 from ..swap import swap_layernorm
 from .engine import FinetuneRecipe, FinetuneResult, agreement, distill, predict
+from .inputs import ModelInputs, head, named
 from .recalibrate import recalibrate
 
 
@@ -25,12 +26,12 @@ class NothingToMigrateError(ValueError):
 
 def migrate(
     model: nn.Module,
-    inputs: Tensor,
+    inputs: ModelInputs,
     labels: Tensor | None = None,
     kind: str = "un",
     *,
     recipe: FinetuneRecipe | None = None,
-    val_inputs: Tensor | None = None,
+    val_inputs: ModelInputs | None = None,
     val_labels: Tensor | None = None,
     init_batches: int = 20,
     norm_kwargs: dict[str, Any] | None = None,
@@ -42,12 +43,15 @@ def migrate(
     ``model`` is left untouched (it becomes the frozen teacher). The student's new norms get
     their inference statistics from ``init_batches`` batches of ``inputs`` (and UN's window is
     filled with them), then the student is fine-tuned with :func:`distill`. An edge_un model's
-    ``config`` is updated to the new norm, so the result saves as a loadable checkpoint.
+    ``config`` is updated to the new norm, so the result saves as a loadable checkpoint; a
+    Hugging Face model records its norms when saved with :func:`edge_un.save_pretrained`.
+    ``inputs`` is a tensor, or named tensors for a model taking several (see :mod:`.inputs`).
     ``result.extras`` holds the agreement with the teacher before fine-tuning.
     """
     if kind not in OFFLINE_KINDS:
         raise ValueError(f"migrate to an offline norm ({', '.join(OFFLINE_KINDS)}), not {kind!r}")
     recipe = recipe or FinetuneRecipe(epochs=20, lr=1e-3)
+    inputs = named(inputs)
     teacher = copy.deepcopy(model).eval()
     student = copy.deepcopy(model)
     kwargs = dict(norm_kwargs or {})
@@ -57,7 +61,7 @@ def migrate(
     _record_norm_in_config(student, kind, kwargs)
     report = recalibrate(student, inputs, batches=init_batches, batch_size=recipe.batch_size)
     _fill_windows(student)
-    check = val_inputs if val_inputs is not None else inputs[:500]
+    check = val_inputs if val_inputs is not None else head(inputs, 500)
     initial = agreement(predict(student, check), predict(teacher, check))
     if log is not None:
         log(f"swapped {swapped} LayerNorm(s) for {kind}; agreement with the teacher before "

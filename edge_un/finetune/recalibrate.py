@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from ..norms import OfflineNorm
 from ..norms.stats import flatten_tokens, masked_mean
+from .inputs import Inputs, ModelInputs, call, count, head, named, rows
 
 
 @dataclass(frozen=True)
@@ -56,21 +57,23 @@ class _Stop(Exception):
 @torch.no_grad()
 def recalibrate(
     model: nn.Module,
-    inputs: Tensor,
+    inputs: ModelInputs,
     batches: int = 20,
     batch_size: int = 32,
     seed: int = 0,
 ) -> RecalibrationReport:
     """Recompute the inference statistics of every offline norm of ``model`` over ``batches``
-    batches of ``inputs`` (seeded sample); returns per-layer TID. The model ends in eval mode."""
+    batches of ``inputs`` (seeded sample; a tensor, or named tensors for a model taking several);
+    returns per-layer TID. The model ends in eval mode."""
     if batches < 1 or batch_size < 1:
         raise ValueError(f"batches and batch_size must be positive, got {batches}, {batch_size}")
-    norms = _execution_order(model, inputs[:2])
+    inputs = named(inputs)
+    norms = _execution_order(model, head(inputs, 2))
     if not norms:
         raise ValueError("the model has no offline norm to recalibrate")
     generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(inputs), generator=generator)[: batches * batch_size]
-    chunks = [inputs[order[i : i + batch_size]] for i in range(0, len(order), batch_size)]
+    order = torch.randperm(count(inputs), generator=generator)[: batches * batch_size]
+    chunks = [rows(inputs, order[i : i + batch_size]) for i in range(0, len(order), batch_size)]
     model.eval()
     layers = {}
     for name, norm in norms:
@@ -88,7 +91,7 @@ def recalibrate(
     return RecalibrationReport(layers=layers, batches=len(chunks), samples=len(order))
 
 
-def _execution_order(model: nn.Module, example: Tensor) -> list[tuple[str, OfflineNorm]]:
+def _execution_order(model: nn.Module, example: Inputs) -> list[tuple[str, OfflineNorm]]:
     """Offline norms in the order a forward pass calls them (each once)."""
     called: list[tuple[str, OfflineNorm]] = []
     handles = [
@@ -102,7 +105,7 @@ def _execution_order(model: nn.Module, example: Tensor) -> list[tuple[str, Offli
     ]
     try:
         model.eval()
-        model(example)
+        call(model, example)
     finally:
         for handle in handles:
             handle.remove()
@@ -110,7 +113,7 @@ def _execution_order(model: nn.Module, example: Tensor) -> list[tuple[str, Offli
 
 
 def _batch_statistics(
-    model: nn.Module, norm: OfflineNorm, chunks: list[Tensor]
+    model: nn.Module, norm: OfflineNorm, chunks: list[Inputs]
 ) -> tuple[list[Tensor], list[Tensor]]:
     """Per batch: the per-channel mean (centred norms) and variance (quadratic mean otherwise)
     of ``norm``'s input over non-pad positions, the forward stopped right there."""
@@ -132,7 +135,7 @@ def _batch_statistics(
     try:
         for chunk in chunks:
             with contextlib.suppress(_Stop):
-                model(chunk)
+                call(model, chunk)
     finally:
         handle.remove()
     return means, variances

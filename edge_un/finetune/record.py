@@ -2,7 +2,9 @@
 
 The source's data set, split and preprocessing are carried over unchanged, so every consumer
 (the converter's test-split check, calibration for int8) still finds the exact data the model
-expects; the source's own training record moves under ``source``.
+expects; the source's own training record moves under ``source``. An edge_un model is written
+as a ``.safetensors`` checkpoint, a Hugging Face model as a ``save_pretrained`` directory whose
+``config.json`` holds the same metadata under ``edge_un``.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from typing import Any
 from torch import Tensor
 
 from ..checkpoint import save_checkpoint
+from ..hf import is_pretrained_model, save_pretrained
 from .engine import FinetuneResult, accuracy_of, agreement, predict
+from .inputs import ModelInputs
 
-# Keys of the source's metadata that describe the data, not the source's own training.
-DATA_KEYS = ("dataset", "split", "preprocessing", "task", "preset", "norm_first")
+# Keys of the source's metadata that describe the data, not the source's own training
+# (model_inputs: how a Hugging Face model's inputs are made from the data set's).
+DATA_KEYS = ("dataset", "split", "preprocessing", "model_inputs", "task", "preset", "norm_first")
 
 
 def finetune_metadata(
@@ -25,16 +30,18 @@ def finetune_metadata(
     purpose: str,
     source: str,
     source_metadata: Mapping[str, Any] | None = None,
-    test: tuple[Tensor, Tensor] | None = None,
+    test: tuple[ModelInputs, Tensor] | None = None,
     command: str | None = None,
 ) -> dict[str, Any]:
     """Metadata for a fine-tuned checkpoint. ``purpose`` is "migrate" or "int8-ready";
     ``test`` (inputs, labels) adds teacher and student test accuracy and their agreement."""
     source_metadata = dict(source_metadata or {})
     metadata: dict[str, Any] = {k: source_metadata[k] for k in DATA_KEYS if k in source_metadata}
-    norms = {type(m).__name__ for m in result.model.modules() if hasattr(m, "kind")}
-    config = getattr(result.model, "config", {}) or {}
-    metadata["norm"] = config.get("norm", ",".join(sorted(norms)))
+    kinds = {m.kind for m in result.model.modules() if isinstance(getattr(m, "kind", None), str)}
+    config = getattr(result.model, "config", None)
+    # edge_un models name their norm in a config dict; a Hugging Face config is an object.
+    recorded = config.get("norm") if isinstance(config, Mapping) else None
+    metadata["norm"] = recorded or ",".join(sorted(kinds))
     recipe = result.recipe.to_dict()
     recipe.update(
         optimizer="AdamW",
@@ -75,5 +82,8 @@ def finetune_metadata(
 
 
 def save_finetuned(result: FinetuneResult, path: str | Path, metadata: dict[str, Any]) -> Path:
-    """Write the fine-tuned student with ``metadata`` (see :func:`finetune_metadata`)."""
+    """Write the fine-tuned student with ``metadata`` (see :func:`finetune_metadata`): a
+    Hugging Face model as the directory ``path``, an edge_un model as the file ``path``."""
+    if is_pretrained_model(result.model):
+        return save_pretrained(result.model, path, metadata=metadata)
     return save_checkpoint(result.model, path, metadata=metadata)

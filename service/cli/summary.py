@@ -25,12 +25,19 @@ def _pct(value: float | None) -> str:
 
 def print_summary(console: Console, report: Report, headline: bool = True) -> None:
     """The model line, the drift table and the latency table (quant.summary's rows)."""
-    from quant.summary import drift_rows, host_kernel_lines, latency_rows, latency_title
+    from quant.summary import (
+        drift_rows,
+        host_kernel_lines,
+        latency_rows,
+        latency_title,
+        norms_line,
+    )
 
     reference = report.reference
     if headline:
         top1 = "" if reference.top1_fp32 is None else f", fp32 top-1 {_pct(reference.top1_fp32)}"
         console.print(f"{report.model.name}: {reference.samples} evaluation samples{top1}")
+        console.print(norms_line(report))
     drift = output.table(
         *DRIFT_HEADERS,
         title=f"Drift, int8 vs fp32, in each target's arithmetic (bar: drop <= "
@@ -56,6 +63,8 @@ def print_summary(console: Console, report: Report, headline: bool = True) -> No
 
 def print_details(console: Console, report: Report) -> None:
     """What ``report`` adds to the summary: the model, the data, each artifact, the failures."""
+    from quant.summary import norms_line
+
     model, reference = report.model, report.reference
     about = output.table("", "", title=f"{model.name} (edge-un {report.edge_un_version})")
     about.show_header = False
@@ -68,8 +77,7 @@ def print_details(console: Console, report: Report) -> None:
                        f"({reference.eval_source})"),
         ("calibration", f"{reference.calibration_samples} samples "
                         f"({reference.calibration_source})"),
-        ("norms", f"{len(report.fold.get('norms', []))} offline, fully integer-ready: "
-                  f"{'yes' if report.fold.get('fully_integer') else 'NO'}"),
+        ("norms", norms_line(report)),
     ):  # fmt: skip
         about.add_row(key, value)
     output.print_table(console, about)

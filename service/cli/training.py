@@ -1,5 +1,6 @@
 """``info``, ``train``, ``migrate`` and ``finetune``: the command line over edge_un (the logic and
-its tqdm progress bars live there)."""
+its tqdm progress bars live there). ``migrate`` and ``finetune`` take an edge_un checkpoint or a
+Hugging Face model directory and write the same kind."""
 
 from __future__ import annotations
 
@@ -15,24 +16,48 @@ from .choices import Dataset, FinetuneMethod, Model, NormKind, OfflineKind
 PANEL = "Train"
 
 Checkpoint = Annotated[
-    str, typer.Argument(metavar="CHECKPOINT", help=".safetensors checkpoint.", show_default=False)
+    str,
+    typer.Argument(
+        metavar="MODEL",
+        help=".safetensors checkpoint, or a Hugging Face model directory (save_pretrained).",
+        show_default=False,
+    ),
 ]
 Out = Annotated[
     str,
-    typer.Option(metavar="PATH", help="Checkpoint to write (.safetensors).", show_default=False),
+    typer.Option(
+        metavar="PATH",
+        help="Checkpoint to write (.safetensors), or the directory for a Hugging Face model.",
+        show_default=False,
+    ),
 ]
-Epochs = Annotated[int | None, typer.Option(help="Default: migrate 20, finetune 10.")]
-BatchSize = Annotated[int | None, typer.Option(help="Default 32.")]
-Lr = Annotated[float | None, typer.Option(help="Peak learning rate.")]
+Epochs = Annotated[
+    int | None,
+    typer.Option(
+        help="Default: migrate 20, finetune 10 (Hugging Face models: as many as make about 800 "
+        "and 400 steps, at most 20)."
+    ),
+]
+BatchSize = Annotated[int | None, typer.Option(help="Default 32 (Hugging Face models: 64).")]
+Lr = Annotated[
+    float | None,
+    typer.Option(
+        help="Peak learning rate. Default: migrate 1e-3, finetune 5e-4 (Hugging Face models: "
+        "2e-3 and 5e-4)."
+    ),
+]
 Seed = Annotated[int | None, typer.Option()]
 Data = Annotated[
     Dataset | None,
-    typer.Option(help="Data set (default: the one the checkpoint records); not with --npz."),
+    typer.Option(help="Data set (default: the one the model records); not with --npz."),
 ]
 Npz = Annotated[
     str | None,
     typer.Option(
-        metavar="F.npz", help=".npz with 'inputs' [, 'labels', 'val_inputs', 'val_labels']."
+        metavar="F.npz",
+        help="One array per model input, named as the model names it ('inputs' for an edge_un "
+        "checkpoint; 'pixel_values', or 'input_ids' [, 'attention_mask', 'token_type_ids'] for "
+        "a Hugging Face model), optional 'labels', and 'val_'-prefixed twins for validation.",
     ),
 ]
 NoLabels = Annotated[bool, typer.Option("--no-labels", help="Distillation only.")]
@@ -219,12 +244,19 @@ def _finetune_job(
         progress=not params["quiet"],
         log=None if params["quiet"] else console.print,
     )
-    summary = f"wrote {path}"
-    if "test_accuracy" in metadata:
-        summary += (
-            f" (test accuracy {metadata['test_accuracy']:.4f}, teacher "
-            f"{metadata['teacher_test_accuracy']:.4f}, agreement "
-            f"{metadata['test_agreement_with_teacher']:.4f})"
-        )
-    console.print(summary)
+    console.print(f"wrote {path} ({_scores(metadata)})")
     return 0
+
+
+def _scores(metadata: dict[str, Any]) -> str:
+    """The written model's scores: on the test split when the data has one, else validation."""
+    if "test_accuracy" in metadata:
+        return (
+            f"test accuracy {metadata['test_accuracy']:.4f}, teacher "
+            f"{metadata['teacher_test_accuracy']:.4f}, agreement "
+            f"{metadata['test_agreement_with_teacher']:.4f}"
+        )
+    scores = [f"validation agreement with the teacher {metadata['val_agreement_with_teacher']:.4f}"]
+    if "val_accuracy" in metadata:
+        scores.insert(0, f"validation accuracy {metadata['val_accuracy']:.4f}")
+    return ", ".join(scores)

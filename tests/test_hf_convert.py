@@ -1,0 +1,156 @@
+"""A user's own Transformer converts: the bundled Hugging Face ViT and BERT (UN, trained on the
+shipped data), exported the ways torch exports them today, reach every target.
+
+Each export is made here as a user would: ``torch.export`` of the HF model as is (a ``.pt2``
+whose output is a ``ModelOutput``), ``torch.onnx.export`` with its defaults (dynamo, opset 20,
+weights in ``model.onnx.data``) and the legacy exporter (GELU as Erf, Shape nodes, a Gather for
+the cls token). Calibration and evaluation ``.npz`` files hold one array per model input, named
+as the model names it. The ViT is converted from all three; the two-input BERT (``input_ids``,
+``attention_mask``, HF's float32-min mask) from the default ONNX through the CLI and from the
+other two through the library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import edge_un
+from edge_un import examples
+from quant.data import InputSpec, checkpoint_samples
+from quant.pipeline import convert
+from quant.report import Report
+from quant.targets import TARGET_NAMES
+from quant.tflite import check_full_integer, inspect_tflite
+
+CALIBRATION = 128
+EVALUATION = {"vit": 1000, "bert": 500}  # the ViT's whole test split: its bar is 10 images
+
+
+def export_all(model: torch.nn.Module, feeds: dict[str, np.ndarray], directory: Path) -> dict:
+    """The model exported as users do, from a batch of one: .pt2, ONNX default, ONNX legacy."""
+    example = tuple(torch.from_numpy(array[:1]) for array in feeds.values())
+    names = list(feeds)
+    torch.export.save(torch.export.export(model, example), directory / "model.pt2")
+    with contextlib.redirect_stdout(io.StringIO()):
+        torch.onnx.export(model, example, directory / "model.onnx", input_names=names)
+        torch.onnx.export(model, example, directory / "legacy.onnx", dynamo=False,
+                          input_names=names)  # fmt: skip
+    assert (directory / "model.onnx.data").is_file()  # the default keeps weights apart
+    return {"pt2": directory / "model.pt2", "onnx": directory / "model.onnx",
+            "legacy": directory / "legacy.onnx"}  # fmt: skip
+
+
+def user_data(
+    info: edge_un.CheckpointInfo, specs: tuple[InputSpec, ...], directory: Path, count: int
+) -> dict:
+    """calib.npz and eval.npz with one array per model input, named as the model names it."""
+    calibration = checkpoint_samples(info, "train", CALIBRATION, specs)
+    evaluation = checkpoint_samples(info, "test", specs=specs).head(count)
+    np.savez(directory / "calib.npz", **calibration.feeds)
+    np.savez(directory / "eval.npz", **evaluation.feeds, labels=evaluation.labels)
+    return {"calib": directory / "calib.npz", "eval": directory / "eval.npz",
+            "feeds": evaluation.feeds}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def vit(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    directory = tmp_path_factory.mktemp("hf_vit")
+    model, info = edge_un.load_pretrained(examples.path("hf-vit-mnist-un"))
+    spec = InputSpec("pixel_values", (1, 28, 28), "float32")
+    data = user_data(info, (spec,), directory, EVALUATION["vit"])
+    return {"dir": directory, **data, **export_all(model, data["feeds"], directory)}
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    directory = tmp_path_factory.mktemp("hf_bert")
+    model, info = edge_un.load_pretrained(examples.path("hf-bert-rt-un"))
+    length = info.metadata["preprocessing"]["tokenizer"]["max_len"]
+    specs = tuple(InputSpec(n, (length,), "int64") for n in ("input_ids", "attention_mask"))
+    data = user_data(info, specs, directory, EVALUATION["bert"])
+    return {"dir": directory, **data, **export_all(model, data["feeds"], directory)}
+
+
+def convert_with_cli(source: Path, data: dict, out: Path) -> Report:
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "convert", str(source), "--calib",
+         str(data["calib"]), "--eval", str(data["eval"]), "-o", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    return Report.read(out / "report.json")
+
+
+def check_every_target_converted(report: Report, samples: int) -> None:
+    """No target failed, each has its drift on the evaluation data and a file of its own."""
+    assert list(report.targets) == list(TARGET_NAMES)
+    for target in report.targets.values():
+        assert target.status != "failed", (target.name, target.error)
+        assert target.drift is not None and target.drift.samples == samples
+        assert target.drift.agreement > 0.9 and target.artifacts
+
+
+def check_vit(report: Report, out: Path) -> None:
+    check_every_target_converted(report, EVALUATION["vit"])
+    norms = report.fold["norms"]
+    assert len(norms) == 9 and all(n["action"].startswith("folded") for n in norms), norms
+    imx93 = report.targets["imx93"]  # pure int8, within the bar, every op on the NPU
+    assert imx93.status == "ok" and imx93.vela_pure_int8 is None, imx93.excluded
+    assert imx93.vela is not None and imx93.vela.cpu_ops == [], imx93.vela
+    tflite = next(a for a in imx93.artifacts if a.format == "tflite")
+    check_full_integer(inspect_tflite(out / tflite.name))
+
+
+def test_the_hf_vit_program_as_exported_converts_for_every_target(vit: dict) -> None:
+    report = convert_with_cli(vit["pt2"], vit, vit["dir"] / "out_pt2")
+    check_vit(report, vit["dir"] / "out_pt2")
+    assert any("kept 'logits' as the model output" in note for note in report.notes)
+
+
+@pytest.mark.parametrize("export", ["onnx", "legacy"])
+def test_the_hf_vit_onnx_exports_convert_for_every_target(vit: dict, export: str) -> None:
+    out = vit["dir"] / f"out_{export}"
+    report = convert(vit[export], calib=vit["calib"], eval=vit["eval"], out_dir=out,
+                     latency_runs=5)  # fmt: skip
+    check_vit(report, out)
+    assert report.model.inputs[0].name == "pixel_values"
+
+
+def test_the_hf_bert_onnx_default_export_converts_for_every_target(bert: dict) -> None:
+    """Two integer inputs, HF's float32-min mask, post-norm: every target, fully integer."""
+    out = bert["dir"] / "out_onnx"
+    report = convert_with_cli(bert["onnx"], bert, out)
+    check_every_target_converted(report, EVALUATION["bert"])
+    assert [i.name for i in report.model.inputs] == ["input_ids", "attention_mask"]
+    assert any("rewritten as Where(attention_mask == 0, -30, 0)" in n for n in report.notes)
+    # post-norm: the norms that feed a residual stay one Mul + Add each, and say why
+    norms = {n["name"]: n for n in report.fold["norms"]}
+    kept = [n for n in norms.values() if n["action"] == "scale_shift"]
+    assert len(norms) == 5 and len(kept) == 4 and all(n["reason"] for n in kept)
+    for name in ("imx93", "imx8mp"):  # ids and mask stay int64 inputs; nothing in float
+        target = report.targets[name]
+        tflite = next(a for a in target.artifacts if a.format == "tflite")
+        check_full_integer(inspect_tflite(bert["dir"] / "out_onnx" / tflite.name))
+        assert {(i.name, i.dtype) for i in target.inputs} == {
+            ("input_ids", "int64"),
+            ("attention_mask", "int64"),
+        }
+
+
+@pytest.mark.parametrize("export", ["pt2", "legacy"])
+def test_the_other_hf_bert_exports_convert(bert: dict, export: str) -> None:
+    out = bert["dir"] / f"out_{export}"
+    report = convert(bert[export], targets="cpu,tda4vm", calib=bert["calib"], eval=bert["eval"],
+                     out_dir=out, latency_runs=5)  # fmt: skip
+    for target in report.targets.values():
+        assert target.status != "failed", (target.name, target.error)
+        assert target.drift.agreement > 0.95
