@@ -6,6 +6,7 @@ import collections
 import contextlib
 import io
 import logging
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +110,12 @@ def trace_to_onnx(
         model.eval()  # type: ignore[union-attr]
     quiet = io.StringIO()  # the exporter prints progress lines; keep the caller's output clean
     try:
-        with contextlib.redirect_stdout(quiet), _loggers_at(logging.ERROR, EXPORTER_LOGGERS):
+        with (
+            contextlib.redirect_stdout(quiet),
+            _loggers_at(logging.ERROR, EXPORTER_LOGGERS),
+            warnings.catch_warnings(),  # its notes on axis names are not the user's concern
+        ):
+            warnings.simplefilter("ignore", UserWarning)
             program = torch.onnx.export(
                 model,
                 args,
@@ -187,6 +193,7 @@ def run_torch(model: nn.Module | ExportedProgram, args: tuple) -> list[np.ndarra
 def run_onnx(path: Path, args: tuple) -> list[np.ndarray]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
+    options.log_severity_level = 3  # its graph clean-up notes are not the user's concern
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     tensors = [a for a in args if isinstance(a, Tensor)]
     feeds = {i.name: t.cpu().numpy() for i, t in zip(session.get_inputs(), tensors, strict=True)}

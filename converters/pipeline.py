@@ -24,7 +24,9 @@ import torch
 from torch import Tensor, nn
 
 import edge_un
+import edge_un.hf
 from edge_un import data as edge_data
+from edge_un.finetune.inputs import logits_of
 
 from .errors import ConversionError
 from .export import ExportInfo, export_onnx, op_histogram
@@ -86,7 +88,8 @@ class FoldedSource:
 
     ``model`` is the original torch model (or program) the folded one is checked against;
     ``folded`` is the folded GraphModule, or the folded ONNX proto for an ONNX source;
-    ``test_split`` is (inputs, labels) when the checkpoint records its data set.
+    ``test_split`` is (inputs, labels) when the checkpoint records its data set, the inputs one
+    tensor per model input in the model's order.
     """
 
     source: Path
@@ -94,12 +97,20 @@ class FoldedSource:
     folded: Any
     model: Any
     example: tuple[Tensor, ...]
-    test_split: tuple[Tensor, Tensor] | None
+    test_split: tuple[tuple[Tensor, ...], Tensor] | None
     info: edge_un.CheckpointInfo | None
 
     @property
     def is_onnx(self) -> bool:
         return isinstance(self.folded, onnx.ModelProto)
+
+    @property
+    def source_format(self) -> str:
+        """hf (a save_pretrained directory), onnx, pt2, safetensors or pt: what was read."""
+        if self.source.is_dir():
+            return "hf"
+        suffix = self.source.suffix.lstrip(".")
+        return "pt" if suffix == "pth" else suffix
 
     @property
     def fixed_batch(self) -> int | None:
@@ -129,10 +140,15 @@ def load_and_fold(
     config: str | Path | Mapping[str, Any] | None = None,
     allow_online: bool = False,
 ) -> FoldedSource:
-    """Read ``source`` (never running code from it) and fold every offline norm."""
+    """Read ``source`` (never running code from it) and fold every offline norm. A directory is
+    a Hugging Face ``save_pretrained`` model (``edge_un.load_pretrained``)."""
     source = Path(source)
+    if source.is_dir():
+        model, example, test_split, info = _load_pretrained_source(source)
+        folded, fold_report = fold_norms(model, example, allow_online=allow_online)
+        return FoldedSource(source, fold_report, folded, model, example, test_split, info)
     if not source.is_file():
-        raise ConversionError(f"{source}: no such file")
+        raise ConversionError(f"{source}: no such file or directory")
     if source.suffix == ".onnx":
         folded, fold_report = fold_onnx(source, allow_online=allow_online)
         return FoldedSource(source, fold_report, folded, None, (), None, None)
@@ -228,23 +244,44 @@ def _load_torch_source(
     model, info = edge_un.load_checkpoint(source, config=config)
     if "dataset" in info.metadata:
         inputs, labels = edge_data.checkpoint_split(info, "test")
-        return model, (inputs[:2],), (inputs, labels), info
+        return model, (inputs[:2],), ((inputs,), labels), info
     return model, default_example_inputs(model), None, info
+
+
+def _load_pretrained_source(
+    directory: Path,
+) -> tuple[nn.Module, tuple[Tensor, ...], tuple[tuple[Tensor, ...], Tensor] | None, Any]:
+    """A Hugging Face model as users call it: its own forward arguments (``pixel_values``;
+    ``input_ids``, ``attention_mask``), from the test split it records, else shaped by its
+    config; traced as is (its output's ``logits`` are the model output)."""
+    model, info = edge_un.load_pretrained(directory)
+    if "dataset" in info.metadata:
+        inputs, labels = edge_data.checkpoint_split(info, "test")
+        named = tuple(edge_un.hf.named_inputs(model, inputs).values())
+        return model, tuple(t[:2] for t in named), (named, labels), info
+    return model, tuple(edge_un.hf.example_inputs(model).values()), None, info
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # its graph clean-up notes are not the user's concern
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 @torch.no_grad()
 def _check_test_split(
-    model: nn.Module, onnx_path: Path, inputs: Tensor, labels: Tensor
+    model: nn.Module, onnx_path: Path, inputs: tuple[Tensor, ...], labels: Tensor
 ) -> TestSplitCheck:
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    input_name = session.get_inputs()[0].name
+    session = _session(onnx_path)
+    names = [value.name for value in session.get_inputs()]
     static_batch = session.get_inputs()[0].shape[0]
     batch = static_batch if isinstance(static_batch, int) else EVAL_BATCH
     reference, converted = [], []
-    for start in range(0, len(inputs), batch):
-        chunk = inputs[start : start + batch]
-        reference.append(model(chunk).numpy())
-        converted.append(session.run(None, {input_name: chunk.numpy()})[0])
+    for start in range(0, len(labels), batch):
+        chunk = tuple(tensor[start : start + batch] for tensor in inputs)
+        reference.append(logits_of(model(*chunk)).numpy())
+        feed = {name: tensor.numpy() for name, tensor in zip(names, chunk, strict=True)}
+        converted.append(session.run(None, feed)[0])
     expected, actual = np.concatenate(reference), np.concatenate(converted)
     truth = labels.numpy()
     return TestSplitCheck(
@@ -260,8 +297,7 @@ def _onnx_vs_onnx(original: Path, folded: Path) -> float:
     """Max abs output difference of two ONNX files on the same random inputs (shaped as the
     folded file takes them: it may have a static batch the original does not)."""
     rng = np.random.default_rng(0)
-    before = ort.InferenceSession(str(original), providers=["CPUExecutionProvider"])
-    after = ort.InferenceSession(str(folded), providers=["CPUExecutionProvider"])
+    before, after = _session(original), _session(folded)
     feeds = {}
     for value in load_onnx(folded).graph.input:
         tensor_type = value.type.tensor_type

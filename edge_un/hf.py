@@ -557,6 +557,29 @@ def named_inputs(model: nn.Module, inputs: Tensor) -> dict[str, Tensor]:
     return {name: inputs}
 
 
+EXAMPLE_SEQUENCE = 128  # tokens of a traced text model whose directory records no data set
+
+
+def example_inputs(model: nn.Module, batch: int = 2) -> dict[str, Tensor]:
+    """Keyword inputs shaped as the model's config says, to trace a model whose directory
+    records no data set: images of ``image_size``, or ``EXAMPLE_SEQUENCE`` token ids (fewer if
+    its positions end sooner) with their mask. Batch 2: a traced batch of 1 would be fixed."""
+    config = model.config
+    name = getattr(model, "main_input_name", "input_ids")
+    if name == "pixel_values":
+        size = config.image_size
+        height, width = (size, size) if isinstance(size, int) else tuple(size)
+        return {name: torch.randn(batch, config.num_channels, height, width)}
+    if name == "input_ids":
+        positions = getattr(config, "max_position_embeddings", None) or EXAMPLE_SEQUENCE
+        ids = torch.randint(1, config.vocab_size, (batch, min(positions, EXAMPLE_SEQUENCE)))
+        return named_inputs(model, ids)
+    raise CheckpointError(
+        f"{type(model).__name__} takes {name!r}: only image and text classifiers are known; "
+        "export it yourself (torch.export or torch.onnx.export) and convert that file"
+    )
+
+
 class ClassifierLogits(nn.Module):
     """A ``transformers`` classifier as a function of edge_un model input, returning logits.
 

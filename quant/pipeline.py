@@ -269,13 +269,12 @@ def _samples(
 
 
 def _model_info(folded: FoldedSource, specs: tuple[InputSpec, ...]) -> schema.ModelInfo:
-    suffix = folded.source.suffix.lstrip(".")
     parameters = None
     if folded.model is not None and hasattr(folded.model, "parameters"):
         parameters = sum(p.numel() for p in folded.model.parameters())
     return schema.ModelInfo(
         name=folded.source.stem,
-        source_format="pt" if suffix == "pth" else suffix,
+        source_format=folded.source_format,
         parameters=parameters,
         input_shape=list(specs[0].shape),
         input_dtype=specs[0].dtype,

@@ -123,6 +123,7 @@ def test_option_choices_are_edge_uns() -> None:
     assert get_args(choices.OfflineKind) == tuple(edge_un.OFFLINE_KINDS)
     assert get_args(choices.FinetuneMethod) == tuple(finetune.METHODS)
     assert tuple(examples.names()) == choices.EXAMPLES
+    assert tuple(examples.names(hf=True)) == choices.HF_EXAMPLES
     assert tuple(TARGET_NAMES) == choices.TARGETS
     assert choices.DEFAULT_MODEL in choices.EXAMPLES
 

@@ -154,3 +154,27 @@ def test_the_other_hf_bert_exports_convert(bert: dict, export: str) -> None:
     for target in report.targets.values():
         assert target.status != "failed", (target.name, target.error)
         assert target.drift.agreement > 0.95
+
+
+@pytest.mark.parametrize(
+    ("name", "inputs"),
+    [("hf-vit-mnist-un", ["pixel_values"]), ("hf-bert-rt-un", ["input_ids", "attention_mask"])],
+)
+def test_a_save_pretrained_directory_converts_directly(
+    tmp_path: Path, name: str, inputs: list[str]
+) -> None:
+    """The directory itself (here by the bundled example's name): traced with its own forward
+    arguments, calibrated and evaluated on the data set it records, no .npz needed."""
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "convert", name, "--target", "cpu", "-o",
+         str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = Report.read(tmp_path / "out" / "report.json")
+    assert report.model.source_format == "hf" and report.model.name == name
+    assert [i.name for i in report.model.inputs] == inputs
+    assert report.reference.eval_source == "checkpoint test split"
+    _, info = edge_un.load_pretrained(examples.path(name))
+    assert report.reference.top1_fp32 == pytest.approx(info.metadata["test_accuracy"], abs=2e-3)
+    assert report.targets["cpu"].status == "ok"

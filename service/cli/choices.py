@@ -21,6 +21,8 @@ EXAMPLES = (
     "vit-mnist-ln-to-un",
     "text-rt-ln-to-un",
 )
+# edge_un.examples.names(hf=True): Hugging Face save_pretrained directories
+HF_EXAMPLES = ("hf-vit-mnist-ln", "hf-vit-mnist-un", "hf-bert-rt-ln", "hf-bert-rt-un")
 TARGETS = ("cpu", "imx93", "imx8mp", "tda4vm")  # quant.targets.TARGET_NAMES
 
 # The bundled UN ViT migrated from its LayerNorm twin: the route edge-un recommends, and the

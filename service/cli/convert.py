@@ -9,13 +9,14 @@ import typer
 
 from . import output
 from .app import command
-from .choices import DEFAULT_MODEL, EXAMPLES, TARGETS
+from .choices import DEFAULT_MODEL, EXAMPLES, HF_EXAMPLES, TARGETS
 from .summary import print_summary
 
 PANEL = "Convert"
 MODEL_HELP = (
-    ".safetensors / .pt(h) checkpoint, .pt2 program, .onnx model, or the name of a bundled "
-    f"example ({', '.join(EXAMPLES)})"
+    ".safetensors / .pt(h) checkpoint, .pt2 program, .onnx model (its .onnx.data beside it), "
+    "a Hugging Face save_pretrained directory, or the name of a bundled example "
+    f"({', '.join(EXAMPLES + HF_EXAMPLES)})"
 )
 CONFIG_HELP = "JSON config for a .pt/.pth state dict."
 ONLINE_HELP = (
@@ -30,7 +31,7 @@ AllowOnline = Annotated[bool, typer.Option("--allow-online", help=ONLINE_HELP)]
 def _source(name: str) -> Path:
     """A path, or the name of a bundled example model."""
     source = Path(name)
-    if not source.exists() and name in EXAMPLES:
+    if not source.exists() and name in EXAMPLES + HF_EXAMPLES:
         from edge_un import examples
 
         return examples.path(name)
