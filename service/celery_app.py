@@ -7,7 +7,12 @@ changes nothing. Reliability comes from Celery's standard settings for long task
 is acknowledged only after the conversion (``acks_late``), a pool process that dies puts it
 back (``task_reject_on_worker_lost``), a worker takes one message at a time (prefetch 1), and
 each conversion runs in a fresh pool process (``max_tasks_per_child=1``, forked from a worker
-that has already imported the pipeline) under the job's memory limit.
+that has already imported the pipeline). The pool process forks the job process itself (what
+the local queue's fork server does) and watches it: the conversion runs under the job's memory
+limit with its output in the job's log (echoed to the worker's output as it comes), and a job
+process killed by a signal fails its job with the reason (``service.worker.exit_message``:
+the signal, the peak address space sampled while it ran, the log's last words), instead of
+being taken for a lost worker and run again into the same crash.
 
 A running job's watchdog thread writes a heartbeat every ``heartbeat_s``; a run whose heartbeat
 stops (its worker was killed) is taken over after the lease by the redelivered message or by
@@ -18,14 +23,18 @@ limit stays as the backstop).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
-from typing import Any
+import traceback
+from pathlib import Path
+from typing import Any, NoReturn
 
 from celery import Celery, Task
 from celery.signals import worker_process_init
@@ -35,7 +44,13 @@ from .db import session_scope, upgrade
 from .db.session import dispose_engines
 from .settings import Settings, get_settings
 from .storage import LocalArtifactStore
-from .worker import limit_memory, run
+from .worker import (
+    die_with_parent,
+    exit_message,
+    job_log_path,
+    peak_address_space_mb,
+    run_job_process,
+)
 
 TASK_NAME = "edge_un.convert"
 # Imported once by the worker: its pool processes are forks of it, so a conversion starts in
@@ -44,6 +59,9 @@ PRELOAD = ("service.worker", "quant.pipeline")
 QUEUE_NAME = "edge-un"
 # Celery's hard time limit comes this long after ours: ours records the reason first.
 HARD_LIMIT_GRACE_S = 60
+WATCH_INTERVAL_S = 0.25  # how often the pool process samples its job process and echoes its log
+# What a Celery pool process may have set for these; the job process wants the defaults.
+_RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1)
 
 log = logging.getLogger("edge_un.celery")
 
@@ -117,20 +135,99 @@ def convert_job(task: Task, job_id: str, recheck: bool = False) -> str:
     claim = outcome
     for earlier in range(1, claim.attempt):  # what killed runs of this job left behind
         store.discard_run(job_id, earlier)
-    with session_scope(settings) as session:
+    with session_scope(settings) as session:  # this pool process: a kill of it ends the run
         jobs.set_pid(session, claim, os.getpid())
-    limit_memory(settings.job_memory_mb)
-    if settings.job_threads:
-        import torch
-
-        torch.set_num_threads(settings.job_threads)
+    log_path = job_log_path(settings, job_id, claim.attempt)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    parent = os.getpid()
+    # Fork before the watchdog starts: no other thread may hold a lock the child inherits.
+    child = os.fork()
+    if child == 0:
+        _job_process(settings, claim, log_path, parent)
     watchdog = Watchdog(settings, claim)
     watchdog.start()
     try:
-        code = run(settings, job_id, claim.attempt)
+        code, peak_mb = _watch(child, log_path)
     finally:
         watchdog.stop()
+    if code != 0:
+        _record_exit(settings, store, claim, code, peak_mb, log_path)
     return f"attempt {claim.attempt} ended with exit code {code}"
+
+
+def _job_process(settings: Settings, claim: jobs.Claim, log_path: Path, parent: int) -> NoReturn:
+    """The forked job process: output to the job's log, the conversion, then ``os._exit`` (never
+    back into Celery's code, which belongs to the pool process)."""
+    code = 1
+    try:
+        dispose_engines(close=False)  # the pool process's connections stay the pool process's
+        for number in _RESET_SIGNALS:
+            signal.signal(number, signal.SIG_DFL)
+        die_with_parent(parent)  # a pool process killed (cancel, timeout, kill -9) ends it
+        descriptor = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for stream in (1, 2):
+            os.dup2(descriptor, stream)
+        os.close(descriptor)
+        code = run_job_process(settings, claim.job_id, claim.attempt)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _watch(pid: int, log_path: Path) -> tuple[int, float]:
+    """Wait for the job process: its exit code (negative: the signal that killed it) and its
+    peak address space as last sampled. Its log is echoed to this worker's output meanwhile, so
+    a worker's output still shows the jobs it ran (``docker compose logs worker``)."""
+    peak_mb, offset = 0.0, 0
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if not done:
+            peak_mb = max(peak_mb, peak_address_space_mb(pid))
+        offset = _echo(log_path, offset)
+        if done:
+            return os.waitstatus_to_exitcode(status), peak_mb
+        time.sleep(WATCH_INTERVAL_S)
+
+
+def _echo(path: Path, offset: int) -> int:
+    """Copy what the log gained since ``offset`` to this process's stderr; the new offset."""
+    with contextlib.suppress(OSError), path.open("rb") as stream:
+        stream.seek(offset)
+        while chunk := stream.read(1 << 16):
+            with contextlib.suppress(OSError):
+                os.write(2, chunk)
+            offset += len(chunk)
+    return offset
+
+
+def _record_exit(
+    settings: Settings,
+    store: LocalArtifactStore,
+    claim: jobs.Claim,
+    code: int,
+    peak_mb: float,
+    log_path: Path,
+) -> None:
+    """A job process that did not end well: fail its job with the reason if it recorded none
+    (a no-op if it did), and remove what the run left."""
+    with session_scope(settings) as session:
+        message = exit_message(
+            code,
+            stage=jobs.stage_of(session, claim.job_id),
+            peak_mb=peak_mb,
+            log_path=log_path,
+            limit_mb=settings.job_memory_mb,
+        )
+        if jobs.fail(session, claim, message):
+            log.warning("job %s failed: %s", claim.job_id, message)
+    store.discard_run(claim.job_id, claim.attempt)
+    clean_leftovers(settings, store, claim.job_id)
 
 
 def clean_leftovers(settings: Settings, store: LocalArtifactStore, job_id: str) -> None:

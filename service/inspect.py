@@ -10,6 +10,7 @@ reads files).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +18,6 @@ import numpy as np
 
 from . import sniff
 from .model_checks import (
-    MAX_PARAMETERS,
     ModelUpload,
     check_checkpoint,
     check_onnx,
@@ -28,10 +28,12 @@ from .model_checks import (
     read_onnx,
     reject,
 )
-from .uploads import MIB
+from .pretrained_upload import check_pretrained_zip, is_pretrained_archive
+from .settings import DEFAULT_MAX_PARAMETERS
+from .uploads import DATA_FIELD, MIB
 
 __all__ = [
-    "MAX_PARAMETERS",
+    "DEFAULT_MAX_PARAMETERS",
     "ModelUpload",
     "implied_parameters",
     "inspect_config",
@@ -42,7 +44,8 @@ __all__ = [
 MAX_CONFIG_BYTES = 1 * MIB
 FORMATS = (
     "a .safetensors checkpoint, a torch state dict (.pt/.pth, zip format, with a config), a "
-    "torch.export program (.pt2) or an ONNX model"
+    "torch.export program (.pt2), an ONNX model, or a Hugging Face save_pretrained directory "
+    "as one .zip"
 )
 
 
@@ -90,21 +93,35 @@ def inspect_config(path: Path) -> dict:
 # -- model -----------------------------------------------------------------------------------
 
 
-def inspect_model(path: Path, config: dict | None) -> ModelUpload:
-    """What the uploaded model is, after checking it can be converted; UploadRejected if not."""
+def inspect_model(
+    path: Path,
+    config: dict | None,
+    *,
+    external: Mapping[str, Path] | None = None,
+    max_parameters: int = DEFAULT_MAX_PARAMETERS,
+) -> ModelUpload:
+    """What the uploaded model is, after checking it can be converted; UploadRejected if not.
+    ``external``: the uploaded external data files of an ONNX model by the names it references,
+    stored beside ``path``; ``max_parameters``: the service's limit (EDGE_UN_MAX_PARAMETERS)."""
     kind = sniff.sniff(path)
     if kind == "empty":
         raise reject("Empty upload", "the 'model' upload is empty; send the model file", 400)
     if kind == "safetensors":
+        _no_external(external, "a .safetensors checkpoint")
         header = sniff.read_safetensors_header(path)
-        check_size(header.elements, "the checkpoint stores")
+        check_size(header.elements, "the checkpoint stores", max_parameters)
         raw = config if config is not None else header.metadata.get("edge_un")
-        return check_checkpoint(path, "safetensors", raw, config)
+        return check_checkpoint(path, "safetensors", raw, config, max_parameters)
     if kind == "zip":
         names = sniff.check_zip(path, "'model' upload")
         if any(name.rsplit("/", 1)[-1] == "archive_format" for name in names):
             _no_config(config, "a torch.export program (.pt2)")
-            return check_program(path)
+            _no_external(external, "a torch.export program (.pt2)")
+            return check_program(path, max_parameters)
+        if is_pretrained_archive(names):
+            _no_config(config, "a Hugging Face model directory (its config.json is inside)")
+            _no_external(external, "a Hugging Face model directory")
+            return check_pretrained_zip(path, names, max_parameters)
         pickles = [name for name in names if name.rsplit("/", 1)[-1] == "data.pkl"]
         if len(pickles) != 1:
             raise reject(
@@ -113,6 +130,7 @@ def inspect_model(path: Path, config: dict | None) -> ModelUpload:
                 f"neither a torch checkpoint nor a torch.export program; send {FORMATS}",
             )
         _refuse_code(sniff.pickle_globals(sniff.read_member(path, pickles[0])) or [])
+        _no_external(external, "a torch state dict")
         if config is None:
             raise reject(
                 "Missing config",
@@ -120,7 +138,7 @@ def inspect_model(path: Path, config: dict | None) -> ModelUpload:
                 "say how to build the model: upload its JSON config as 'config' too, or "
                 "save it with edge_un.save_checkpoint (.safetensors, config inside)",
             )
-        return check_checkpoint(path, "pt", config, config)
+        return check_checkpoint(path, "pt", config, config, max_parameters)
     if kind == "pickle":
         _refuse_code(sniff.pickle_globals(path.read_bytes()[: 64 * MIB]) or [])
         raise reject(
@@ -132,9 +150,10 @@ def inspect_model(path: Path, config: dict | None) -> ModelUpload:
     onnx_model = read_onnx(path) if kind == "other" else None
     if onnx_model is not None:
         _no_config(config, "an ONNX model")
-        return check_onnx(onnx_model)
+        return check_onnx(onnx_model, path, external, max_parameters)
     if kind == "other" and path.stat().st_size <= MIB:
         _refuse_code(sniff.pickle_globals(path.read_bytes()) or [])  # protocol 0/1 pickles
+    _no_external(external, "not an ONNX model")
     raise reject(
         "Unknown model format",
         f"the 'model' upload is not a model file edge-un reads (by its content); send {FORMATS}",
@@ -153,6 +172,16 @@ def _refuse_code(globals_: list[str]) -> None:
         )
 
 
+def _no_external(external: Mapping[str, Path] | None, what: str) -> None:
+    if external:
+        raise reject(
+            "External data without an ONNX model",
+            f"{DATA_FIELD!r} files are the external data (weights) of an ONNX model, and the "
+            f"'model' upload is {what}: send the .onnx file as 'model' with them, or send "
+            f"the model without {DATA_FIELD!r}",
+        )
+
+
 def _no_config(config: dict | None, what: str) -> None:
     if config is not None:
         raise reject(
@@ -164,10 +193,13 @@ def _no_config(config: dict | None, what: str) -> None:
 # -- calibration / evaluation data -----------------------------------------------------------
 
 
-def inspect_npz(path: Path, field: Literal["calib", "eval"]) -> None:
+def inspect_npz(
+    path: Path, field: Literal["calib", "eval"], inputs: Sequence[str] | None = None
+) -> None:
     """A readable .npz of numbers: one array per model input, named as the model names it
-    ('inputs' for a one-input model), batch first, and optional integer 'labels'. Names and
-    shapes against the model are checked when the job runs (the model is not loaded here)."""
+    ('inputs' for a one-input model), batch first, and optional integer 'labels'. With the
+    model's ``inputs`` (when its file says them without running anything) the arrays' names
+    are checked against them here; shapes against the model are checked when the job runs."""
     from quant.data import MIN_CALIBRATION_SAMPLES, MIN_EVALUATION_SAMPLES, load_npz
     from quant.errors import DataFileError
 
@@ -190,7 +222,10 @@ def inspect_npz(path: Path, field: Literal["calib", "eval"]) -> None:
     if kind != "zip":
         raise reject("Bad data file", f"the {field!r} upload is not an .npz archive; {redo}")
     names = sniff.check_zip(path, f"{field!r} upload")
-    specs = _input_specs(path, names, field, redo)
+    if inputs:
+        arguments = ", ".join(f"{name}=..." for name in inputs)
+        redo = f"write one with numpy.savez(path, {arguments}, labels=...)"
+    specs = _input_specs(path, names, field, redo, inputs)
     purpose = "calibration" if field == "calib" else "evaluation"
     minimum = MIN_CALIBRATION_SAMPLES if field == "calib" else MIN_EVALUATION_SAMPLES
     try:
@@ -208,22 +243,45 @@ def inspect_npz(path: Path, field: Literal["calib", "eval"]) -> None:
         ) from None
 
 
-def _input_specs(path: Path, names: list[str], field: str, redo: str) -> list[Any]:
+def _input_specs(
+    path: Path, names: list[str], field: str, redo: str, inputs: Sequence[str] | None
+) -> list[Any]:
     """The InputSpecs the file's own array headers declare, one per array but 'labels' (so
-    only the data is checked here)."""
-    from quant.data import LABELS_NAME
+    only the data is checked here), named as the model's ``inputs`` when they are known: each
+    input needs its array ('inputs' will do for a one-input model), and no other is allowed."""
+    from quant.data import LABELS_NAME, SINGLE_INPUT_NAME
 
     arrays = [n.removesuffix(".npy") for n in names if n.endswith(".npy")]
-    inputs = [name for name in arrays if name != LABELS_NAME]
+    data = [name for name in arrays if name != LABELS_NAME]
+    shown = ", ".join(arrays[:10]) or "none"
     if not inputs:
-        shown = ", ".join(arrays[:10]) or "none"
+        if not data:
+            raise reject(
+                "Bad data file", f"the {field!r} upload has no input array (found: {shown}); {redo}"
+            )
+        return [_header_spec(path, name, field, redo) for name in data]
+    expected = f"the model's input{'s are' if len(inputs) > 1 else ' is'} {', '.join(inputs)}"
+    array_of = {name: name for name in inputs if name in data}
+    if len(inputs) == 1 and not array_of and SINGLE_INPUT_NAME in data:
+        array_of[inputs[0]] = SINGLE_INPUT_NAME
+    missing = [name for name in inputs if name not in array_of]
+    if missing:
         raise reject(
-            "Bad data file", f"the {field!r} upload has no input array (found: {shown}); {redo}"
+            "Data does not match the model",
+            f"the {field!r} upload has no array {missing[0]!r} (found: {shown}); {expected}; "
+            f"{redo}",
         )
-    return [_header_spec(path, name, field, redo) for name in inputs]
+    extra = [name for name in data if name not in array_of.values()]
+    if extra:
+        raise reject(
+            "Data does not match the model",
+            f"the {field!r} upload has an unexpected array {extra[0]!r} (found: {shown}); "
+            f"{expected}; {redo}",
+        )
+    return [_header_spec(path, array_of[name], field, redo, name) for name in inputs]
 
 
-def _header_spec(path: Path, name: str, field: str, redo: str) -> Any:
+def _header_spec(path: Path, name: str, field: str, redo: str, input_name: str = "") -> Any:
     import zipfile
 
     from quant.data import InputSpec
@@ -256,4 +314,5 @@ def _header_spec(path: Path, name: str, field: str, redo: str) -> Any:
             f"the {field!r} upload's {name!r} is a single number; "
             f"it needs a batch axis first; {redo}",
         )
-    return InputSpec(name, tuple(shape[1:]), dtype.name if dtype.kind in "biuf" else "float32")
+    dtype_name = dtype.name if dtype.kind in "biuf" else "float32"
+    return InputSpec(input_name or name, tuple(shape[1:]), dtype_name)

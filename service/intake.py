@@ -4,6 +4,8 @@ Nothing is queued until every check passed: the form's fields, the targets (by n
 ``quant.targets``), the drift bar, and the files' contents (``service.inspect``, by content).
 A refused request leaves nothing behind. Files get server-chosen names (the client's names are
 labels); the model's suffix is the format its content showed, which is what the pipeline reads.
+The one exception is ``model_data`` (repeatable): an ONNX model's external data files, which the
+model refers to by name, so each is stored beside it under exactly the name it references.
 """
 
 from __future__ import annotations
@@ -23,14 +25,31 @@ from .db import Job, session_scope
 from .inspect import inspect_config, inspect_model, inspect_npz
 from .metrics import Metrics
 from .problems import Problem
-from .settings import Settings
+from .settings import DEFAULT_MAX_PARAMETERS, Settings
 from .storage import ArtifactStore
-from .uploads import UploadRejected, safe_label, save_upload
+from .uploads import (
+    DATA_FIELD,
+    MAX_DATA_FILES,
+    UploadRejected,
+    data_file_name,
+    safe_label,
+    save_upload,
+)
 
 log = logging.getLogger("edge_un.intake")
 FILE_FIELDS = ("model", "config", "calib", "eval")
 TEXT_FIELDS = ("targets", "max_drift")
 SUFFIXES = {"config": "json", "calib": "npz", "eval": "npz"}
+MODEL_FORMATS = ("safetensors", "pt", "pt2", "onnx", "hf")  # hf: the directory model.hf/
+# What the other files are stored under in a job's upload directory, while received and after
+# the checks: a model_data file may not take one of these names.
+STORED_NAMES = frozenset(
+    [*FILE_FIELDS, *(f"model.{fmt}" for fmt in MODEL_FORMATS)]
+    + [f"{name}.{suffix}" for name, suffix in SUFFIXES.items()]
+)
+# All files of one request together: at most this many of EDGE_UN_MAX_UPLOAD_MB (4: a model, a
+# config and two data files at the limit each; the model's external data counts in this too).
+MAX_REQUEST_FILES = 4
 DRAIN_BYTES = 256 * 1024 * 1024  # after refusing, read this much more so the client sees why
 MAX_DRIFT_LIMIT = 100.0
 
@@ -40,6 +59,11 @@ class Form:
     labels: dict[str, str] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
     texts: dict[str, str] = field(default_factory=dict)
+    data_files: dict[str, int] = field(default_factory=dict)  # model_data: stored name -> bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes.values()) + sum(self.data_files.values())
 
 
 def parse_targets(text: str | None) -> str:
@@ -81,16 +105,35 @@ async def _counted(chunks: AsyncIterator[bytes], metrics: Metrics, name: str):
 
 
 async def receive(reader: MultipartReader, dest: Path, max_bytes: int, metrics: Metrics) -> Form:
-    """Read every part of the form: files to ``dest/<field>``, small fields as text."""
+    """Read every part of the form: files to ``dest/<field>`` (model_data files to
+    ``dest/<their name>``), small fields as text."""
     form = Form()
+    total_limit = MAX_REQUEST_FILES * max_bytes
     async for part in reader.parts():
         if part.name in form.labels or part.name in form.texts:
             raise Problem(400, f"the form field {part.name!r} is given twice; send it once")
         if part.name in FILE_FIELDS:
             form.labels[part.name] = safe_label(part.filename, part.name)
             chunks = _counted(reader.data(), metrics, part.name)
-            form.sizes[part.name] = await save_upload(
-                chunks, dest / part.name, max_bytes, part.name
+            form.sizes[part.name] = await _save(
+                chunks, dest / part.name, part.name, max_bytes, total_limit - form.total_bytes
+            )
+        elif part.name == DATA_FIELD:
+            name = data_file_name(part.filename, DATA_FIELD, STORED_NAMES)
+            if name in form.data_files:
+                raise Problem(
+                    400, f"the {DATA_FIELD!r} file {name[:80]!r} is given twice; send it once"
+                )
+            if len(form.data_files) == MAX_DATA_FILES:
+                raise Problem(
+                    400,
+                    f"more than {MAX_DATA_FILES} {DATA_FIELD!r} files; save the model's external "
+                    "data as one file (onnx.save_model(model, path, save_as_external_data=True, "
+                    "all_tensors_to_one_file=True, location='model.onnx.data'))",
+                )
+            chunks = _counted(reader.data(), metrics, DATA_FIELD)
+            form.data_files[name] = await _save(
+                chunks, dest / name, DATA_FIELD, max_bytes, total_limit - form.total_bytes
             )
         elif part.name in TEXT_FIELDS:
             form.texts[part.name] = await reader.text(part.name)
@@ -98,7 +141,7 @@ async def receive(reader: MultipartReader, dest: Path, max_bytes: int, metrics: 
             raise Problem(
                 400,
                 f"unknown form field {part.name[:40]!r}; the fields are "
-                f"{', '.join(FILE_FIELDS + TEXT_FIELDS)}",
+                f"{', '.join((*FILE_FIELDS, DATA_FIELD, *TEXT_FIELDS))}",
             )
     if "model" not in form.labels:
         raise Problem(
@@ -110,12 +153,31 @@ async def receive(reader: MultipartReader, dest: Path, max_bytes: int, metrics: 
     return form
 
 
-def check_files(form: Form, dest: Path) -> str:
+async def _save(
+    chunks: AsyncIterator[bytes], path: Path, name: str, max_bytes: int, left: int
+) -> int:
+    """One file under the per-file limit and what is left of the request's total."""
+    limit = max(min(max_bytes, left), 0)
+    try:
+        return await save_upload(chunks, path, limit, name)
+    except UploadRejected as error:
+        if error.status != 413 or limit == max_bytes:
+            raise
+        raise UploadRejected(
+            413,
+            "Upload too large",
+            f"the request's files together are larger than {MAX_REQUEST_FILES} times the "
+            f"{max_bytes / (1 << 20):.6g} MB limit of one file (EDGE_UN_MAX_UPLOAD_MB); send "
+            "smaller files, or raise the limit",
+        ) from None
+
+
+def check_files(form: Form, dest: Path, max_parameters: int = DEFAULT_MAX_PARAMETERS) -> str:
     """Content checks (blocking: run in a thread); the files renamed for the pipeline.
     Returns the model's format. A check that fails unexpectedly still refuses the upload
     (a 422, logged): nothing a client sends may become a 5xx."""
     try:
-        return _check_files(form, dest)
+        return _check_files(form, dest, max_parameters)
     except UploadRejected:
         raise
     except Exception as error:
@@ -128,13 +190,18 @@ def check_files(form: Form, dest: Path) -> str:
         ) from None
 
 
-def _check_files(form: Form, dest: Path) -> str:
+def _check_files(form: Form, dest: Path, max_parameters: int) -> str:
     config = inspect_config(dest / "config") if "config" in form.labels else None
-    model = inspect_model(dest / "model", config)
+    # model_data files stay where they are: beside the model, under the names it references
+    external = {name: dest / name for name in form.data_files}
+    model = inspect_model(dest / "model", config, external=external, max_parameters=max_parameters)
     for name in ("calib", "eval"):
         if name in form.labels:
-            inspect_npz(dest / name, name)  # type: ignore[arg-type]
-    (dest / "model").rename(dest / f"model.{model.format}")
+            inspect_npz(dest / name, name, model.inputs)  # type: ignore[arg-type]
+    if model.format == "hf":  # extracted into model.hf/ by the check; the archive is done
+        (dest / "model").unlink()
+    else:
+        (dest / "model").rename(dest / f"model.{model.format}")
     for name, suffix in SUFFIXES.items():
         if name in form.labels:
             (dest / name).rename(dest / f"{name}.{suffix}")
@@ -164,13 +231,14 @@ async def accept(
     """A queued job for this request, or a Problem/UploadRejected (and nothing kept)."""
     boundary = boundary_of(content_type)
     limit = settings.max_upload_bytes
-    if content_length and content_length.isdigit() and int(content_length) > 4 * limit + (1 << 20):
+    too_long = MAX_REQUEST_FILES * limit + (1 << 20)  # with room for the multipart framing
+    if content_length and content_length.isdigit() and int(content_length) > too_long:
         metrics.uploads.labels("rejected").inc()
         raise UploadRejected(
             413,
             "Upload too large",
             f"the request is {int(content_length):,} "
-            f"bytes, more than 4 files of the {settings.max_upload_mb:g} MB "
+            f"bytes, more than {MAX_REQUEST_FILES} files of the {settings.max_upload_mb:g} MB "
             "limit (EDGE_UN_MAX_UPLOAD_MB); send smaller files",
         )
     job_id = jobs.new_job_id()
@@ -179,7 +247,9 @@ async def accept(
         form = await receive(MultipartReader(body, boundary), dest, limit, metrics)
         targets = parse_targets(form.texts.get("targets"))
         max_drift = parse_max_drift(form.texts.get("max_drift"))
-        model_format = await anyio.to_thread.run_sync(check_files, form, dest)
+        model_format = await anyio.to_thread.run_sync(
+            check_files, form, dest, settings.max_parameters
+        )
         request = jobs.NewJob(
             token_id=token_id,
             targets=targets,
@@ -189,7 +259,7 @@ async def accept(
             config_label=form.labels.get("config"),
             calib_label=form.labels.get("calib"),
             eval_label=form.labels.get("eval"),
-            upload_bytes=sum(form.sizes.values()),
+            upload_bytes=form.total_bytes,
         )
         job = await anyio.to_thread.run_sync(_create, settings, job_id, request)
     except BaseException as error:

@@ -220,6 +220,11 @@ def state_of(session: Session, job_id: str) -> tuple[str, int] | None:
     return None if row is None else (row[0], row[1])
 
 
+def stage_of(session: Session, job_id: str) -> str | None:
+    """The last stage a job recorded (None before its first, or if it is gone)."""
+    return session.scalar(select(Job.stage).where(Job.id == job_id))
+
+
 def recover(session: Session, max_attempts: int) -> tuple[list[str], list[str]]:
     """At start-up, before any job runs: every job left running by a dead server is queued
     again at its old place, or failed with the reason once it used its attempts.

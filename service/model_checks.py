@@ -3,8 +3,10 @@
 Each reads its format with the project's own safe loader and turns every problem into an
 UploadRejected: edge_un checkpoints (.safetensors, or a torch state dict with a config) after
 the config's implied size is checked, torch.export programs via ``converters.program``, ONNX
-without external data. Online norms (LayerNorm and the like) are refused with advice: the
-service has no ``allow_online``.
+models with or without external data (every reference checked against the uploaded data files
+before a byte of them is read). Online norms (LayerNorm and the like) are refused with advice:
+the service has no ``allow_online``. Each check also says what the model's inputs are called,
+where the file says so without running anything, so data files can be checked against them.
 """
 
 from __future__ import annotations
@@ -22,10 +24,21 @@ from typing import Any, Literal
 import numpy as np
 
 from . import sniff
-from .uploads import MIB, UploadRejected
+from .settings import DEFAULT_MAX_PARAMETERS
+from .uploads import DATA_FIELD, MIB, UploadRejected, name_problem
 
-MAX_PARAMETERS = 50_000_000
-MAX_ONNX_BYTES = 1024 * MIB
+PARAMETERS_SETTING = "EDGE_UN_MAX_PARAMETERS"
+# Protobuf's own limit on one message: a larger .onnx cannot be a model (its weights must then
+# be external data, which is not counted here).
+MAX_ONNX_BYTES = 2 * 1024 * MIB - 1
+# Bytes per element of the tensor types ONNX stores unpacked (4-bit types are not listed: their
+# size is only checked against the file).
+_ELEMENT_BYTES = {
+    "FLOAT": 4, "DOUBLE": 8, "FLOAT16": 2, "BFLOAT16": 2, "INT8": 1, "UINT8": 1, "INT16": 2,
+    "UINT16": 2, "INT32": 4, "UINT32": 4, "INT64": 8, "UINT64": 8, "BOOL": 1, "COMPLEX64": 8,
+    "COMPLEX128": 16, "FLOAT8E4M3FN": 1, "FLOAT8E4M3FNUZ": 1, "FLOAT8E5M2": 1,
+    "FLOAT8E5M2FNUZ": 1, "FLOAT8E8M0": 1,
+}  # fmt: skip
 MIGRATE_ADVICE = (
     "the service converts only models whose norms fold into int8 weights: migrate it to UN "
     "first (edge-un migrate CHECKPOINT --kind un --out MODEL.safetensors) and upload the result, "
@@ -35,9 +48,11 @@ MIGRATE_ADVICE = (
 
 @dataclass(frozen=True)
 class ModelUpload:
-    format: Literal["safetensors", "pt", "pt2", "onnx"]
+    format: Literal["safetensors", "pt", "pt2", "onnx", "hf"]
     parameters: int | None
     norm: str | None
+    # The model's input names in order, as the conversion names them (None: not known here).
+    inputs: tuple[str, ...] | None = None
 
 
 def reject(title: str, detail: str, status: int = 422) -> UploadRejected:
@@ -49,13 +64,13 @@ def one_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def check_size(parameters: int, what: str) -> None:
-    if parameters > MAX_PARAMETERS:
+def check_size(parameters: int, what: str, limit: int = DEFAULT_MAX_PARAMETERS) -> None:
+    if parameters > limit:
         count = f"{parameters:,}" if parameters < 10**15 else "more than 10^15"
         raise reject(
             "Model too large",
-            f"{what} {count} parameters, over the service "
-            f"limit of {MAX_PARAMETERS:,}; edge-un targets small edge models",
+            f"{what} {count} parameters, over the service limit of {limit:,} "
+            f"({PARAMETERS_SETTING}); send a smaller model, or ask for a higher limit",
         )
 
 
@@ -91,7 +106,11 @@ def implied_parameters(config: Mapping[str, Any]) -> int | None:
 
 
 def check_checkpoint(
-    path: Path, fmt: Literal["safetensors", "pt"], raw: Any, config: dict | None
+    path: Path,
+    fmt: Literal["safetensors", "pt"],
+    raw: Any,
+    config: dict | None,
+    max_parameters: int = DEFAULT_MAX_PARAMETERS,
 ) -> ModelUpload:
     import edge_un
     from converters.graph import ONLINE_NORM_CLASSES
@@ -99,7 +118,7 @@ def check_checkpoint(
     parsed = _parse_raw_config(raw)
     implied = implied_parameters(parsed) if parsed is not None else None
     if implied is not None:
-        check_size(implied, "the config asks for a model of at least")
+        check_size(implied, "the config asks for a model of at least", max_parameters)
     with _with_suffix(path, ".safetensors" if fmt == "safetensors" else ".pt") as named:
         try:
             model, info = edge_un.load_checkpoint(named, config=config)
@@ -125,7 +144,22 @@ def check_checkpoint(
             f"statistics at run time and cannot fold; {MIGRATE_ADVICE}",
         )
     parameters = sum(p.numel() for p in model.parameters())
-    return ModelUpload(fmt, parameters, info.norm_kind or None)
+    return ModelUpload(
+        fmt, parameters, info.norm_kind or None, architecture_inputs(info.architecture)
+    )
+
+
+def architecture_inputs(architecture: str) -> tuple[str, ...] | None:
+    """The forward() argument names of an edge_un architecture (what its export calls its
+    inputs), from the class's signature alone: nothing is built."""
+    from edge_un.checkpoint import ARCHITECTURES
+
+    cls = ARCHITECTURES.get(architecture)
+    if cls is None:
+        return None
+    parameters = list(pyinspect.signature(cls.forward).parameters.values())[1:]  # not self
+    kinds = (pyinspect.Parameter.POSITIONAL_ONLY, pyinspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in parameters if p.kind in kinds) or None
 
 
 def _parse_raw_config(raw: Any) -> dict | None:
@@ -184,7 +218,7 @@ class _with_suffix:
         self._dir.cleanup()
 
 
-def check_program(path: Path) -> ModelUpload:
+def check_program(path: Path, max_parameters: int = DEFAULT_MAX_PARAMETERS) -> ModelUpload:
     import torch
 
     from converters.errors import NotAProgramError
@@ -200,7 +234,7 @@ def check_program(path: Path) -> ModelUpload:
             one_line(error).replace(f"{path.name}.pt2", "the 'model' upload", 1),
         ) from None
     parameters = sum(p.numel() for p in program.parameters())
-    check_size(parameters, "the program stores")
+    check_size(parameters, "the program stores", max_parameters)
     tensors = {**program.state_dict, **program.constants}
     for name, tensor in tensors.items():
         floating = isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
@@ -213,7 +247,10 @@ def check_program(path: Path) -> ModelUpload:
             f"the program has online norms "
             f"({', '.join(online[:3])}), which cannot fold; {MIGRATE_ADVICE}",
         )
-    return ModelUpload("pt2", parameters, None)
+    # The user inputs of its graph signature (deserialized from the archive's JSON by
+    # converters.program, nothing unpickled): the names its export gives its inputs.
+    inputs = tuple(program.graph_signature.user_inputs)
+    return ModelUpload("pt2", parameters, None, inputs or None)
 
 
 def _nonfinite(name: str) -> UploadRejected:
@@ -225,37 +262,44 @@ def _nonfinite(name: str) -> UploadRejected:
 
 
 def read_onnx(path: Path) -> Any:
-    """The ModelProto if the file parses as an ONNX model with a graph, else None."""
+    """The ModelProto if the file parses as an ONNX model with a graph, else None. External
+    data is not read (nor followed): :func:`check_onnx` checks the references first."""
     import onnx
     from google.protobuf.message import DecodeError
 
     if path.stat().st_size > MAX_ONNX_BYTES:
         return None
     try:
-        proto = onnx.load_model_from_string(path.read_bytes())
-    except (DecodeError, ValueError, RuntimeError, RecursionError):
+        proto = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, RecursionError, OSError):
         return None
     if not proto.graph.node or not proto.opset_import or not proto.ir_version:
         return None
     return proto
 
 
-def check_onnx(proto: Any) -> ModelUpload:
+def check_onnx(
+    proto: Any,
+    path: Path,
+    external: Mapping[str, Path] | None = None,
+    max_parameters: int = DEFAULT_MAX_PARAMETERS,
+) -> ModelUpload:
+    """An ONNX model the pipeline can fold. ``path`` is the uploaded file and ``external`` the
+    uploaded external data files by name, stored beside it (as the model references them)."""
     import onnx
     from onnx import numpy_helper
 
     from converters.onnx_fold import ONLINE_NORM_OPS
 
+    external = external or {}
     tensors = list(_onnx_tensors(proto.graph))
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in tensors):
-        raise reject(
-            "ONNX external data refused",
-            "the ONNX model keeps weights in external "
-            "files, which the service does not read; save it as one file "
-            "(onnx.save_model(model, path, save_as_external_data=False))",
-        )
-    try:
-        onnx.checker.check_model(proto)
+    check_external_data(tensors, external)
+    initializers = list(proto.graph.initializer)
+    check_size(
+        sum(math.prod(t.dims) for t in initializers), "the ONNX model stores", max_parameters
+    )
+    try:  # from the file: the checker finds external data beside it, as the pipeline will
+        onnx.checker.check_model(str(path))
     except (onnx.checker.ValidationError, ValueError, RuntimeError) as error:
         raise reject(
             "Invalid ONNX model", f"the ONNX model is not valid: {one_line(error)}"
@@ -268,17 +312,109 @@ def check_onnx(proto: Any) -> ModelUpload:
             f"the ONNX model has online norms "
             f"({', '.join(online[:3])}), which cannot fold; {MIGRATE_ADVICE}",
         )
+    floating = (
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.DOUBLE,
+        onnx.TensorProto.FLOAT16,
+        onnx.TensorProto.BFLOAT16,
+    )
     for tensor in tensors:
-        if tensor.data_type in (
-            onnx.TensorProto.FLOAT,
-            onnx.TensorProto.DOUBLE,
-            onnx.TensorProto.FLOAT16,
-            onnx.TensorProto.BFLOAT16,
-        ):
-            values = numpy_helper.to_array(tensor)
+        if tensor.data_type in floating:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                # a copy, so the loaded bytes are freed with it (not kept in the model)
+                tensor = _copied(tensor)
+            values = numpy_helper.to_array(tensor, base_dir=str(path.parent))
             if not np.isfinite(values.astype(np.float32)).all():
                 raise _nonfinite(tensor.name)
-    return ModelUpload("onnx", None, None)
+    names = {init.name for init in initializers}
+    inputs = tuple(v.name for v in proto.graph.input if v.name not in names)
+    return ModelUpload("onnx", None, None, inputs or None)
+
+
+def _copied(tensor: Any) -> Any:
+    import onnx
+
+    copy = onnx.TensorProto()
+    copy.CopyFrom(tensor)
+    return copy
+
+
+def check_external_data(tensors: list[Any], uploaded: Mapping[str, Path]) -> None:
+    """Every external data reference of the model names an uploaded file (a plain name: nothing
+    outside the upload directory is ever opened) and lies inside it; every uploaded file is
+    referenced. Reads only the files' sizes."""
+    import onnx
+
+    referenced: set[str] = set()
+    for tensor in tensors:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        entries = {entry.key: entry.value for entry in tensor.external_data}
+        what = f"the ONNX model's tensor {tensor.name[:80]!r}"
+        location = entries.get("location", "")
+        problem = name_problem(location) if location else "is empty"
+        if problem:
+            raise reject(
+                "Bad ONNX external data",
+                f"{what} is stored in external data at {_quoted(location)}, which {problem}: "
+                "external data must be files beside the model; save it with "
+                "onnx.save_model(model, path, save_as_external_data=True, "
+                "location='model.onnx.data')",
+            )
+        if location not in uploaded:
+            raise reject(
+                "Missing ONNX external data",
+                f"{what} is stored in the external data file {_quoted(location)}, which was "
+                f"not uploaded; send it too, under that name (curl ... "
+                f"-F {DATA_FIELD}=@{location[:80]})",
+            )
+        referenced.add(location)
+        _check_extent(tensor, entries, what, location, uploaded[location].stat().st_size)
+    extra = sorted(set(uploaded) - referenced)
+    if extra:
+        named = ", ".join(_quoted(n) for n in sorted(referenced)) or "none"
+        raise reject(
+            "Unreferenced ONNX external data",
+            f"the {DATA_FIELD!r} file {_quoted(extra[0])} is not referenced by the ONNX model "
+            f"(it references: {named}); send only the model's external data files",
+        )
+
+
+def _check_extent(tensor: Any, entries: dict[str, str], what: str, name: str, size: int) -> None:
+    import onnx
+
+    try:
+        offset = int(entries.get("offset", "0"))
+        length = int(entries["length"]) if "length" in entries else None
+    except ValueError:
+        raise reject(
+            "Bad ONNX external data",
+            f"{what} has a non-numeric external data offset or length; the model is damaged",
+        ) from None
+    try:
+        type_name = onnx.TensorProto.DataType.Name(tensor.data_type)
+    except ValueError:  # not a type at all: the checker names it
+        type_name = ""
+    itemsize = _ELEMENT_BYTES.get(type_name)
+    needed = None if itemsize is None else itemsize * math.prod(tensor.dims)
+    if length is not None and needed is not None and length != needed:
+        raise reject(
+            "Bad ONNX external data",
+            f"{what} has {length:,} bytes of external data in {_quoted(name)}, its shape needs "
+            f"{needed:,}; the model and its data file do not belong together",
+        )
+    extent = length if length is not None else needed
+    if offset < 0 or (extent is not None and extent < 0) or offset + (extent or 0) > size:
+        shown = f"bytes {offset:,} to {offset + (extent or 0):,}"
+        raise reject(
+            "Truncated ONNX external data",
+            f"{what} is stored at {shown} of {_quoted(name)}, beyond the end of the uploaded "
+            f"file ({size:,} bytes); upload the complete file",
+        )
+
+
+def _quoted(name: str) -> str:
+    return repr(name if len(name) <= 80 else name[:77] + "...")
 
 
 def _onnx_nodes(proto: Any) -> Iterator[Any]:

@@ -8,9 +8,11 @@ process. Each job runs in its own process, forked from a multiprocessing fork se
 imported the pipeline once (a job starts in milliseconds, not after seconds of imports), in
 its own session (process group): a timeout or a cancel kills the whole group; a job process
 that dies without recording an outcome (killed, crashed, out of memory) fails its job with a
-message saying so, and nothing else is affected. The fork server exits when this process dies,
-and job processes die with it (PR_SET_PDEATHSIG); on start-up, jobs a dead server left running
-are queued again or, after ``max_attempts``, failed.
+message saying which, from the evidence (``service.worker.exit_message``: its peak address
+space, sampled at every tick while it runs, and its log), and nothing else is affected. The
+fork server exits when this process dies, and job processes die with it (PR_SET_PDEATHSIG);
+on start-up, jobs a dead server left running are queued again or, after ``max_attempts``,
+failed.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from . import jobs
 from .db import session_scope
 from .settings import Settings
 from .storage import LocalArtifactStore
-from .worker import child_main
+from .worker import child_main, exit_message, job_log_path, peak_address_space_mb
 
 # Imported once by the fork server; each job process is a fork of it, so a job starts in
 # milliseconds instead of re-importing torch, ONNX and the pipeline (seconds each time).
@@ -77,13 +79,7 @@ class _Running:
     process: BaseProcess
     started: float
     reason: str | None = field(default=None)  # why we killed it, when we did
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+    peak_mb: float = 0.0  # its peak address space, as last sampled (gone once it died)
 
 
 def _kill_group(pid: int) -> None:
@@ -194,7 +190,7 @@ class LocalProcessQueue:
         return self._context
 
     def _spawn(self, claim: jobs.Claim) -> None:
-        log_path = self.logs / f"{claim.job_id}-{claim.attempt}.log"
+        log_path = job_log_path(self.settings, claim.job_id, claim.attempt)
         process = self._forkserver().Process(
             target=child_main,
             args=(claim.job_id, claim.attempt, self.settings.as_environ(), str(log_path)),
@@ -215,9 +211,13 @@ class LocalProcessQueue:
         log.info("job %s attempt %d started (pid %d)", claim.job_id, claim.attempt, process.pid)
 
     def _enforce(self) -> None:
-        """Kill what ran too long, and what was cancelled (or taken over) meanwhile."""
+        """Kill what ran too long, and what was cancelled (or taken over) meanwhile; note each
+        job process's peak address space (evidence if it crashes later)."""
         if not self._running:
             return
+        for run in self._running.values():
+            if run.process.pid is not None:
+                run.peak_mb = max(run.peak_mb, peak_address_space_mb(run.process.pid))
         with session_scope(self.settings) as session:
             states = {job_id: jobs.state_of(session, job_id) for job_id in self._running}
         now = time.monotonic()
@@ -252,7 +252,7 @@ class LocalProcessQueue:
             del self._running[job_id]
             message = run.reason if run.reason != "cancelled" else None
             if message is None and code != 0:
-                message = self._exit_message(code)
+                message = self._exit_message(code, run)
             if message is not None:
                 with session_scope(self.settings) as session:
                     # no-op if the job process recorded its own outcome before exiting
@@ -270,22 +270,16 @@ class LocalProcessQueue:
         if state is None or state[0] in jobs.FINISHED:
             self.store.delete_uploads(claim.job_id)
 
-    def _exit_message(self, code: int) -> str:
-        if code < 0:
-            name = _signal_name(-code)
-            hint = ""
-            if -code == signal.SIGKILL:
-                hint = (
-                    ": it may have run out of memory, or been stopped by an operator; "
-                    "submit it again"
-                )
-            elif -code in (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS):
-                hint = (
-                    f": most likely out of memory (the limit is "
-                    f"{self.settings.job_memory_mb} MB, EDGE_UN_JOB_MEMORY_MB)"
-                )
-            return f"the conversion process was killed by {name} before it finished{hint}"
-        return f"the conversion process exited with code {code} before it finished"
+    def _exit_message(self, code: int, run: _Running) -> str:
+        with session_scope(self.settings) as session:
+            stage = jobs.stage_of(session, run.claim.job_id)
+        return exit_message(
+            code,
+            stage=stage,
+            peak_mb=run.peak_mb,
+            log_path=job_log_path(self.settings, run.claim.job_id, run.claim.attempt),
+            limit_mb=self.settings.job_memory_mb,
+        )
 
     def _shutdown(self) -> None:
         """Graceful stop: running jobs go back to the queue without using up an attempt."""

@@ -12,6 +12,11 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# Room for the boards' real Transformers: BERT-base is 110 M parameters, ViT-B/16 86 M.
+DEFAULT_MAX_PARAMETERS = 200_000_000
+# A 110 M-parameter fp32 model is ~440 MB as safetensors or ONNX: twice that, with room.
+DEFAULT_MAX_UPLOAD_MB = 1024
+
 
 class Settings(BaseSettings):
     """Everything the service reads from its environment; every field is ``EDGE_UN_<NAME>``."""
@@ -20,7 +25,8 @@ class Settings(BaseSettings):
 
     data_dir: Path = Path("./edge-un-data")
     database_url: str | None = None  # default sqlite:///{data_dir}/edge-un.db
-    max_upload_mb: float = Field(200, gt=0)
+    max_upload_mb: float = Field(DEFAULT_MAX_UPLOAD_MB, gt=0)  # each uploaded file
+    max_parameters: int = Field(DEFAULT_MAX_PARAMETERS, ge=1)  # of an uploaded model
     workers: int = Field(1, ge=1)  # concurrent conversion processes
     job_timeout_s: float = Field(1800, gt=0)
     job_memory_mb: int = Field(6144, ge=0)  # address-space limit of a job process; 0 = none

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import unicodedata
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 
 MAX_LABEL_CHARS = 255  # a file name on every common file system
 MIB = 1024 * 1024
 LIMIT_SETTING = "EDGE_UN_MAX_UPLOAD_MB"
+# The repeatable form field of an ONNX model's external data files, and how many it may have
+# (torch.onnx.export and onnx.save_model write one: all_tensors_to_one_file).
+DATA_FIELD = "model_data"
+MAX_DATA_FILES = 8
 # Bidirectional overrides and isolates: a name displayed as "model.onnx" that is not.
 _BIDI_CONTROLS = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
 
@@ -48,7 +52,7 @@ def safe_label(filename: str | None, field: str) -> str:
     """
     if filename is None or filename == "":
         return field
-    problem = _label_problem(filename)
+    problem = name_problem(filename)
     if problem:
         raise UploadRejected(
             400,
@@ -59,7 +63,42 @@ def safe_label(filename: str | None, field: str) -> str:
     return unicodedata.normalize("NFC", filename)
 
 
-def _label_problem(name: str) -> str | None:
+def data_file_name(filename: str | None, field: str, reserved: Collection[str]) -> str:
+    """The name an external data file of an ONNX model is stored under: exactly the client's
+    file name, since the model refers to the file by it (a label elsewhere, a path here), so it
+    must be a plain file name, not one of the ``reserved`` names of the other uploads; 400 if
+    not. Never normalized: the stored name must be byte for byte the one the model names."""
+    example = "e.g. model.onnx.data"
+    if filename is None or filename == "":
+        raise UploadRejected(
+            400,
+            "Bad file name",
+            f"a {field!r} part has no file name; send each external data file under the name "
+            f"the ONNX model references ({example}: curl -F {field}=@model.onnx.data)",
+        )
+    problem = name_problem(filename)
+    if problem is None and len(filename.encode("utf-8", "replace")) > MAX_LABEL_CHARS:
+        problem = f"is longer than {MAX_LABEL_CHARS} bytes"  # what a file system takes (NAME_MAX)
+    if problem:
+        raise UploadRejected(
+            400,
+            "Bad file name",
+            f"the file name of a {field!r} upload {_show(filename)} {problem}; send each external "
+            f"data file under the plain file name the ONNX model references ({example})",
+        )
+    if filename in reserved:
+        raise UploadRejected(
+            400,
+            "Bad file name",
+            f"the {field!r} file name {_show(filename)} is one the server stores the other "
+            f"uploads under ({', '.join(sorted(reserved))}); save the model's external data "
+            "under another name (onnx.save_model(..., location='weights.data'))",
+        )
+    return filename
+
+
+def name_problem(name: str) -> str | None:
+    """What makes ``name`` more than a plain file name (a path, control characters), or None."""
     if "/" in name or "\\" in name:
         return "contains a path separator"
     if ".." in name:

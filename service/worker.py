@@ -6,12 +6,18 @@ space (EDGE_UN_JOB_MEMORY_MB), runs ``quant.pipeline.convert`` into a staging di
 its progress to the database at most every ``progress_interval_s`` (and at each new stage),
 then publishes the artifacts and records the outcome. Every write is conditional on the job
 still running this attempt, so a cancelled or superseded run changes nothing.
+
+A job process that dies of a signal records nothing; whoever started it (the local queue, or a
+Celery pool process) names the reason with :func:`exit_message`, from the evidence it has: the
+signal, the process's peak address space against EDGE_UN_JOB_MEMORY_MB, the memory words in
+the job's log (where faulthandler also writes the Python stack of a crash), the stage it was in.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import logging
 import os
 import resource
@@ -31,9 +37,23 @@ from .storage import LocalArtifactStore
 
 log = logging.getLogger("edge_un.worker")
 PR_SET_PDEATHSIG = 1
+# Signals of a crash in native code. RLIMIT_AS makes an allocation fail, which some libraries
+# answer with abort() (C++'s uncaught std::bad_alloc) or a fault; so can any native bug.
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS})
+# What allocators and runtimes write to stderr when memory runs out (lower case).
+MEMORY_WORDS = (
+    "out of memory",
+    "bad_alloc",
+    "cannot allocate memory",
+    "failed to allocate",
+    "failed to map segment",
+    "memoryerror",
+)
+LOG_TAIL_BYTES = 64 * 1024  # the end of a job's log, where a crash's last words are
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
+    """Be killed (SIGKILL) when ``parent`` dies; exit at once if it already has."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -171,20 +191,83 @@ def _out_of_memory(error: BaseException, limit_mb: int) -> bool:
     reasons = ("memory", "bad_alloc", "failed to map segment")
     if any(reason in text for reason in reasons):
         return True
-    return limit_mb > 0 and _peak_address_space_mb() >= NEAR_LIMIT * limit_mb  # 0: no limit
+    return near_limit(peak_address_space_mb(), limit_mb)
 
 
 NEAR_LIMIT = 0.8  # a failed allocation is not counted in the peak: leave room for its size
 
 
-def _peak_address_space_mb() -> float:
-    """This process's peak virtual memory (VmPeak, what RLIMIT_AS caps), 0 if unknown."""
-    with contextlib.suppress(OSError):
-        status = Path("/proc/self/status").read_text(encoding="ascii")
+def near_limit(peak_mb: float, limit_mb: int) -> bool:
+    """Whether a process that peaked at ``peak_mb`` came within NEAR_LIMIT of the limit (0: no
+    limit, never near it)."""
+    return limit_mb > 0 and peak_mb >= NEAR_LIMIT * limit_mb
+
+
+def peak_address_space_mb(pid: int | None = None) -> float:
+    """The peak virtual memory (VmPeak, what RLIMIT_AS caps) of process ``pid`` (default: this
+    one), 0 if unknown (gone, or not Linux). A dead process has none: sample it while it runs."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        status = Path(f"/proc/{pid or 'self'}/status").read_text(encoding="ascii")
         for line in status.splitlines():
             if line.startswith("VmPeak:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def job_log_path(settings: Settings, job_id: str, attempt: int) -> Path:
+    """Where a run's output goes (both queue modes): under the data directory's logs/."""
+    return settings.data_dir.resolve() / "logs" / f"{job_id}-{attempt}.log"
+
+
+def log_tail(path: Path, size: int = LOG_TAIL_BYTES) -> str:
+    """The last ``size`` bytes of a log as text ("" if there is none)."""
+    with contextlib.suppress(OSError), path.open("rb") as stream:
+        stream.seek(max(path.stat().st_size - size, 0))
+        return stream.read().decode("utf-8", "replace")
+    return ""
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def exit_message(
+    code: int, *, stage: str | None, peak_mb: float, log_path: Path, limit_mb: int
+) -> str:
+    """Why a job process that ended with ``code`` (negative: killed by that signal) without
+    recording an outcome failed its job. A crash by SIGSEGV, SIGABRT or SIGBUS counts as out of
+    memory only on evidence, as :func:`_out_of_memory` does: a peak within NEAR_LIMIT of the
+    limit, or memory words in its log; else it is a crash in native code, named with the stage
+    it was in and the log that has its stack."""
+    if code >= 0:
+        return f"the conversion process exited with code {code} before it finished"
+    number = -code
+    name = signal_name(number)
+    if number == signal.SIGKILL:  # the kernel's OOM killer, an operator: nothing tells which
+        return (
+            f"the conversion process was killed by {name} before it finished: it may have run "
+            "out of memory, or been stopped by an operator; submit it again"
+        )
+    if number not in CRASH_SIGNALS:
+        return f"the conversion process was killed by {name} before it finished"
+    during = f"during its stage {stage!r}" if stage else "before it reported a stage"
+    text = log_tail(log_path).lower()
+    if near_limit(peak_mb, limit_mb) or any(word in text for word in MEMORY_WORDS):
+        peak = f"it peaked at {peak_mb:,.0f} MB; " if peak_mb else ""
+        limit = f"the limit is {limit_mb} MB" if limit_mb else "no limit is set"
+        return (
+            f"the conversion process was killed by {name} {during}: it ran out of memory "
+            f"({peak}{limit}, EDGE_UN_JOB_MEMORY_MB); try a smaller model, or ask for a "
+            "higher limit"
+        )
+    return (
+        f"the conversion process crashed with {name} {during} (a native library aborted or "
+        f"faulted); the job's log, logs/{log_path.name} in the server's data directory, has "
+        "the details"
+    )
 
 
 def _memory_message(settings: Settings) -> str:
@@ -200,11 +283,11 @@ def jobs_state(settings: Settings, job_id: str) -> tuple[str, int] | None:
 
 
 def child_main(job_id: str, attempt: int, environ: dict[str, str], log_path: str) -> None:
-    """The job process as the queue starts it: a fork of the (preloaded) fork server."""
+    """The job process as the local queue starts it: a fork of the (preloaded) fork server."""
     parent = os.getppid()
     _release_fork_server()
     os.setsid()  # its own process group: a timeout or cancel kills all it started
-    _die_with_parent(parent)
+    die_with_parent(parent)
     descriptor = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     for stream in (1, 2):
         os.dup2(descriptor, stream)
@@ -228,8 +311,15 @@ def _release_fork_server() -> None:
 
 
 def _start(job_id: str, attempt: int) -> int:
-    settings = get_settings()
+    return run_job_process(get_settings(), job_id, attempt)
+
+
+def run_job_process(settings: Settings, job_id: str, attempt: int) -> int:
+    """The job process's work, once its output goes to the job's log: its limits, then
+    :func:`run`. A crash in native code leaves the Python stack of every thread in the log."""
     limit_memory(settings.job_memory_mb)
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # no stderr with a file
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s job {job_id}: %(message)s")
     if settings.job_threads:
         import torch

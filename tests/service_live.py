@@ -338,6 +338,41 @@ def fast_job_files() -> dict[str, Path]:
     }
 
 
+# A test-only hook, never part of the service: Python imports ``sitecustomize`` from PYTHONPATH
+# at start-up, so every process of a server started with ``abort_hook(...)`` (the API, its fork
+# server or Celery workers, and so the job processes forked from them) carries it. A job process
+# then aborts (SIGABRT, as a failed assertion in a native library does) right after recording
+# the stage named by EDGE_UN_TEST_ABORT_AFTER_STAGE.
+_ABORT_HOOK = """\
+import os
+
+_STAGE = os.environ.get("EDGE_UN_TEST_ABORT_AFTER_STAGE")
+if _STAGE:
+    try:
+        from service import worker as _worker
+    except Exception:  # another interpreter (a tool's own environment): nothing to hook
+        _worker = None
+    if _worker is not None:
+        _record = _worker.Progress.__call__
+
+        def _call(self, stage, fraction):
+            _record(self, stage, fraction)
+            if _worker.stage_key(stage) == _STAGE:
+                os.abort()
+
+        _worker.Progress.__call__ = _call
+"""
+
+
+def abort_hook(folder: Path, stage: str) -> dict[str, str]:
+    """The environment of a server whose job processes abort after recording ``stage`` (a
+    stage's name without its target, e.g. "export")."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_ABORT_HOOK)
+    paths = [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(paths), "EDGE_UN_TEST_ABORT_AFTER_STAGE": stage}
+
+
 def upload_fast(client: httpx.Client, *, targets: str = "cpu") -> httpx.Response:
     files = fast_job_files()
     with contextlib.ExitStack() as stack:

@@ -30,8 +30,7 @@ def client(server):
 
 
 def _send(client, case):
-    files = {f: (name, path.read_bytes()) for f, (name, path) in case.files.items()}
-    return client.post("/v1/conversions", files=files, data=case.form)
+    return client.post("/v1/conversions", files=case.parts(), data=case.form)
 
 
 def test_every_bad_upload_is_refused_with_its_reason(client, server, tmp_path):

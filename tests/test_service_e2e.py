@@ -1,6 +1,8 @@
 """End to end over HTTP against a real server: upload the bundled UN ViT, poll, read the report,
-download and verify every artifact, and run the int8 ONNX file with ONNX Runtime; cancelling,
-listing and deleting; tokens (isolation, 401s, revocation); metrics."""
+download and verify every artifact, and run the int8 ONNX file with ONNX Runtime; an ONNX
+export with its weights in external data (model_data); a Hugging Face directory as a .zip;
+cancelling, listing and deleting;
+tokens (isolation, 401s, revocation); metrics."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from edge_un import examples
 from service import tokens
 from service.db import Token, session_scope
 
-from .service_live import is_problem, job_processes, upload, wait_for
+from .service_live import fast_job_files, is_problem, job_processes, upload, wait_for
 
 MODEL = examples.path("vit-mnist-un")
 
@@ -104,6 +106,81 @@ def test_end_to_end_artifacts_verify_and_run(server, token, finished):
     top1 = float((logits.argmax(-1) == test.labels).mean())
     assert abs(top1 - drift["top1_int8"]) <= 1 / len(test), (top1, drift["top1_int8"])
     assert np.isfinite(logits).all()
+
+
+def test_onnx_export_with_external_data_converts(server, tmp_path):
+    """torch.onnx.export's default layout, model.onnx beside model.onnx.data, uploaded as
+    'model' and 'model_data', converts like any model (its own token: the other tests' listings
+    stay as they are)."""
+    import onnx
+    import torch
+
+    from converters import export_onnx
+    from edge_un import load_checkpoint
+
+    model, _ = load_checkpoint(MODEL)
+    export_onnx(model, torch.randn(2, 1, 28, 28), tmp_path / "whole.onnx", opset=21)
+    split = tmp_path / "split"
+    split.mkdir()
+    onnx.save_model(
+        onnx.load(str(tmp_path / "whole.onnx")),
+        str(split / "model.onnx"),
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
+    assert (split / "model.onnx.data").stat().st_size > 100_000  # the weights are out there
+    data = fast_job_files()  # calibration and evaluation samples of the example's data set
+    parts = [
+        ("model", ("model.onnx", (split / "model.onnx").read_bytes())),
+        ("model_data", ("model.onnx.data", (split / "model.onnx.data").read_bytes())),
+        ("calib", ("calib.npz", data["calib"].read_bytes())),
+        ("eval", ("eval.npz", data["eval"].read_bytes())),
+    ]
+    with server.client(server.token("carol")) as client:
+        response = client.post("/v1/conversions", files=parts, data={"targets": "cpu"})
+        assert response.status_code == 202, response.text
+        job = response.json()
+        assert job["inputs"]["model_format"] == "onnx"
+        assert job["inputs"]["bytes"] == sum(len(part[1][1]) for part in parts)
+        done = wait_for(client, job["id"], ("succeeded",))
+        report = client.get(f"/v1/conversions/{done['id']}/report").json()
+    assert report["targets"]["cpu"]["status"] in ("ok", "over_bar"), report["targets"]["cpu"]
+    assert not (server.data_dir / "uploads" / job["id"]).exists()  # data file removed too
+
+
+def test_a_hugging_face_directory_as_a_zip_converts(server, tmp_path):
+    """A save_pretrained directory zipped as ``zip -r`` makes it (with a tokenizer file that is
+    never read) converts as the directory: traced with its own forward argument, the report
+    says hf, the int8 file downloads; the uploads are gone afterwards."""
+    source = examples.path("hf-vit-mnist-un")
+    archive = tmp_path / "my-vit.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
+        for path in source.iterdir():
+            bundle.write(path, f"my-vit/{path.name}")
+        bundle.writestr("my-vit/tokenizer.json", "{}")
+    data = fast_job_files()  # 'inputs' names the one input of a one-input model
+    parts = [
+        ("model", ("my-vit.zip", archive.read_bytes())),
+        ("calib", ("calib.npz", data["calib"].read_bytes())),
+        ("eval", ("eval.npz", data["eval"].read_bytes())),
+    ]
+    with server.client(server.token("dave")) as client:
+        response = client.post("/v1/conversions", files=parts, data={"targets": "cpu"})
+        assert response.status_code == 202, response.text
+        job = response.json()
+        assert job["inputs"]["model_format"] == "hf" and job["inputs"]["model"] == "my-vit.zip"
+        done = wait_for(client, job["id"], ("succeeded",))
+        report = client.get(f"/v1/conversions/{done['id']}/report").json()
+        cpu = report["targets"]["cpu"]
+        onnx_file = next(a for a in cpu["artifacts"] if a["name"].endswith("int8.onnx"))
+        int8 = client.get(f"/v1/conversions/{done['id']}/artifacts/{onnx_file['name']}")
+    assert report["model"]["source_format"] == "hf", report["model"]
+    assert [i["name"] for i in report["model"]["inputs"]] == ["pixel_values"]
+    assert cpu["status"] == "ok", cpu
+    assert int8.status_code == 200
+    assert hashlib.sha256(int8.content).hexdigest() == onnx_file["sha256"]
+    assert not (server.data_dir / "uploads" / job["id"]).exists()
 
 
 def test_metrics_count_jobs_stages_and_uploads(server, token, finished):

@@ -1,16 +1,19 @@
 """Faults against a real server and real job processes: a job process killed (-9), the server
 killed (-9) with jobs queued and restarted, a job over its time limit, a job over its memory
-limit. Each fails only its own job, with a message; nothing accepted is lost.
+limit, a job process that aborts in native code. Each fails only its own job, with a message
+that says which; nothing accepted is lost.
 
-In celery mode a killed job process (a worker's pool process) is not a failure: Celery puts
-its message back and the job runs again; and a killed API process interrupts no conversion,
-since the workers run them."""
+In celery mode a killed worker pool process is not a failure: Celery puts its message back and
+the job runs again; and a killed API process interrupts no conversion, since the workers run
+them. A job process that crashes (SIGABRT) fails its job in both modes: running it again would
+only crash again."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +21,15 @@ from edge_un import examples
 from service import jobs as job_records
 from service.db import session_scope
 
-from .service_live import LiveServer, ServiceMode, job_processes, upload, upload_fast, wait_for
+from .service_live import (
+    LiveServer,
+    ServiceMode,
+    abort_hook,
+    job_processes,
+    upload,
+    upload_fast,
+    wait_for,
+)
 
 MODEL = examples.path("vit-mnist-un")
 
@@ -133,3 +144,57 @@ def test_a_failure_counts_as_memory_by_its_words_or_near_the_limit_never_without
     assert _out_of_memory(silent, 1)  # this process is far past 0.8 MB of address space
     assert not _out_of_memory(silent, 0)  # 0 = no limit: a bug stays a bug
     assert not _out_of_memory(silent, 10**7)  # 10 TB: not near it
+
+
+def test_job_process_that_aborts_fails_as_a_crash_not_as_memory(tmp_path, servers, service_mode):
+    """A native abort far below the memory limit (a test hook aborts the job process after it
+    recorded its "cpu: export" stage) is reported as a crash in that stage, pointing at the
+    job's log (where faulthandler left the stack), never as running out of memory; the job is
+    not run again, and the next one runs."""
+    hook = abort_hook(tmp_path / "hook", "export")
+    server = service_mode.server(tmp_path / "data", **hook).start()
+    servers.append(server)
+    with server.client(server.token()) as client:
+        job_id = upload_fast(client).json()["id"]
+        failed = wait_for(client, job_id, ("failed",), timeout=180)
+        error = failed["error"]
+        assert "crashed with SIGABRT during its stage 'cpu: export'" in error, failed
+        assert "memory" not in error.lower(), failed
+        log = server.data_dir / "logs" / f"{job_id}-1.log"
+        assert f"logs/{log.name} in the server's data directory" in error
+        assert "Fatal Python error: Aborted" in log.read_text(errors="replace")
+        assert failed["attempts"] == 1 and failed["stage"] == "cpu: export"
+        deadline = time.monotonic() + 20  # its uploads go with the failed run
+        while (server.data_dir / "uploads" / job_id).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not (server.data_dir / "uploads" / job_id).exists()
+        assert client.get("/readyz").status_code == 200
+    assert "std::bad_alloc" not in server.log()
+
+
+def test_a_crash_counts_as_memory_only_on_evidence(tmp_path: Path) -> None:
+    """SIGABRT/SIGSEGV/SIGBUS of a job process: out of memory when its peak came within 80 % of
+    EDGE_UN_JOB_MEMORY_MB or its log says so, else a crash in its last recorded stage."""
+    from service.worker import exit_message
+
+    log = tmp_path / "job-1.log"
+    log.write_text("INFO loading\nFatal Python error: Aborted\n")
+
+    def message(code: int, peak_mb: float = 300.0, limit_mb: int = 6144, **extra) -> str:
+        stage = extra.get("stage", "cpu: calibrate")
+        return exit_message(code, stage=stage, peak_mb=peak_mb, log_path=log, limit_mb=limit_mb)
+
+    for number in (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS):
+        crash = message(-number)
+        assert f"crashed with {number.name} during its stage 'cpu: calibrate'" in crash
+        assert "logs/job-1.log" in crash and "memory" not in crash.lower()
+        near = message(-number, peak_mb=0.85 * 6144)
+        assert "ran out of memory" in near and "EDGE_UN_JOB_MEMORY_MB" in near
+        assert "peaked at 5,222 MB" in near and "the limit is 6144 MB" in near
+    assert "memory" not in message(-signal.SIGABRT, peak_mb=0.85 * 6144, limit_mb=0).lower()
+    assert "before it reported a stage" in message(-signal.SIGSEGV, stage=None)
+    log.write_text("terminate called after throwing an instance of 'std::bad_alloc'\n")
+    said = message(-signal.SIGABRT)
+    assert "ran out of memory" in said and "peaked" in said  # by its words, far from the limit
+    assert "killed by SIGKILL" in message(-signal.SIGKILL)  # unchanged: OOM killer or operator
+    assert message(3) == "the conversion process exited with code 3 before it finished"

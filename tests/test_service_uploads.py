@@ -1,9 +1,10 @@
 """Upload handling of the service: streaming with a limit, file-name labels, content checks.
 
 Every case of the bad-upload corpus (``tests/upload_corpus.py``) goes through the same steps a
-route takes (label, stream to disk, inspect config, model, data; parse targets) and must stop
-with its status and message; good uploads of every format pass. The HTTP tests replay the
-same corpus against a real server.
+route takes (label, stream to disk, parse targets, ``service.intake.check_files``: config,
+model with its external data, data against the model's inputs) and must stop with its status
+and message; good uploads of every format pass. The HTTP tests replay the same corpus against
+a real server.
 """
 
 from __future__ import annotations
@@ -24,9 +25,17 @@ import torch
 from edge_un import examples
 from quant.errors import UnknownTargetError
 from quant.targets import parse_targets
-from service.inspect import MAX_PARAMETERS, implied_parameters, inspect_model, inspect_npz
+from service import intake
+from service.inspect import (
+    DEFAULT_MAX_PARAMETERS,
+    implied_parameters,
+    inspect_model,
+    inspect_npz,
+)
 from service.inspect import inspect_config as read_config
-from service.uploads import UploadRejected, safe_label, save_upload
+from service.model_checks import check_size
+from service.settings import Settings
+from service.uploads import UploadRejected, data_file_name, safe_label, save_upload
 
 from .upload_corpus import (
     CASE_NAMES,
@@ -39,6 +48,7 @@ from .upload_corpus import (
     good_cases,
     npz_bytes,
     tiny_onnx,
+    with_external_data,
 )
 
 LIMIT = 4 << 20  # every good example fits
@@ -66,19 +76,18 @@ async def _chunks(path: Path, size: int = 64 << 10) -> AsyncIterator[bytes]:
 def submit(case: UploadCase, workdir: Path) -> tuple[int, str]:
     """What a route does with an upload: (202, "") if accepted, else (status, detail)."""
     workdir.mkdir(parents=True, exist_ok=True)
+    form = intake.Form()
     try:
-        saved = {}
         for field, (name, source) in case.files.items():
-            safe_label(name, field)
+            form.labels[field] = safe_label(name, field)
             dest = workdir / field  # server-chosen names
-            asyncio.run(save_upload(_chunks(source), dest, LIMIT, field))
-            saved[field] = dest
+            form.sizes[field] = asyncio.run(save_upload(_chunks(source), dest, LIMIT, field))
+        for name, source in case.data_files:  # stored under the names the model references
+            stored = data_file_name(name, intake.DATA_FIELD, intake.STORED_NAMES)
+            size = asyncio.run(save_upload(_chunks(source), workdir / stored, LIMIT, "model_data"))
+            form.data_files[stored] = size
         parse_targets(case.form.get("targets"))
-        config = read_config(saved["config"]) if "config" in saved else None
-        inspect_model(saved["model"], config)
-        for field in ("calib", "eval"):
-            if field in saved:
-                inspect_npz(saved[field], field)  # type: ignore[arg-type]
+        intake.check_files(form, workdir)
     except UploadRejected as error:
         return error.status, error.detail
     except UnknownTargetError as error:
@@ -134,7 +143,8 @@ def test_forged_config_is_refused_before_building(tmp_path: Path) -> None:
     implied = implied_parameters(config)
     assert implied is not None and 0.9e9 < implied < 1.2e9
     started = time.perf_counter()
-    with pytest.raises(UploadRejected, match=r"over the service limit of 50,000,000") as caught:
+    limit = r"over the service limit of 200,000,000 \(EDGE_UN_MAX_PARAMETERS\)"
+    with pytest.raises(UploadRejected, match=limit) as caught:
         inspect_model(examples.path(GOOD_MODEL), config)
     assert caught.value.status == 422
     assert time.perf_counter() - started < 2.0
@@ -147,7 +157,42 @@ def test_implied_parameters_bound_the_real_count() -> None:
         implied = implied_parameters(example_config(name))
         assert upload.parameters is not None and implied is not None
         assert 0.9 * upload.parameters <= implied <= upload.parameters, name
-    assert MAX_PARAMETERS == 50_000_000
+
+
+def test_parameter_limit_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EDGE_UN_MAX_PARAMETERS: a model over it is refused with the setting's name (and what to
+    do); the default is what Settings and the checks use when nothing is set."""
+    monkeypatch.setenv("EDGE_UN_MAX_PARAMETERS", "100000")
+    assert Settings().max_parameters == 100_000
+    monkeypatch.delenv("EDGE_UN_MAX_PARAMETERS")
+    assert Settings().max_parameters == DEFAULT_MAX_PARAMETERS == 200_000_000
+    with pytest.raises(UploadRejected) as caught:
+        inspect_model(examples.path(GOOD_MODEL), None, max_parameters=100_000)
+    assert caught.value.status == 422
+    assert "144,668 parameters, over the service limit of 100,000" in caught.value.detail
+    assert "EDGE_UN_MAX_PARAMETERS" in caught.value.detail
+    assert inspect_model(examples.path(GOOD_MODEL), None, max_parameters=144_668).parameters
+
+
+@pytest.mark.parametrize(
+    ("architecture", "arguments", "low", "high"),
+    [
+        # BERT-base: 12 x 768, MLP 3072, a 30,522-token vocabulary, 512 positions (110 M)
+        ("TextTransformer", {"vocab_size": 30522, "max_len": 512}, 105e6, 115e6),
+        # ViT-B/16 at 224 x 224 (86 M)
+        ("VisionTransformer", {"img_size": 224, "patch_size": 16, "in_chans": 3}, 84e6, 88e6),
+    ],
+)
+def test_default_limits_admit_the_boards_real_models(architecture, arguments, low, high) -> None:
+    """The default parameter limit admits BERT-base and ViT-B/16, by the count their configs
+    imply (nothing is built), and the default upload limit their fp32 weights."""
+    base = {"dim": 768, "depth": 12, "heads": 12, "mlp_ratio": 4.0, "num_classes": 2}
+    config = {"architecture": architecture, "arguments": {**base, **arguments}}
+    implied = implied_parameters(config)
+    assert implied is not None and low < implied < high, implied
+    check_size(implied, "the config asks for a model of at least")  # the default limit
+    fp32_bytes = 4 * implied
+    assert fp32_bytes < 0.5 * Settings().max_upload_bytes  # room for the header, and to grow
 
 
 @pytest.mark.parametrize("name", [n for n in examples.names() if not n.endswith("-ln")])
@@ -182,8 +227,31 @@ def test_exported_onnx_passes(tmp_path: Path) -> None:
 
     path = tmp_path / "exported"  # no suffix: the format comes from the content
     export_folded(load_and_fold(examples.path(GOOD_MODEL)), path)
-    assert inspect_model(path, None).format == "onnx"
+    upload = inspect_model(path, None)
+    assert (upload.format, upload.inputs) == ("onnx", ("images",))
     assert inspect_model(tiny_onnx(tmp_path / "tiny"), None).format == "onnx"
+
+
+def test_onnx_with_external_data_passes_and_each_reference_is_checked(tmp_path: Path) -> None:
+    """The model's references are checked against the uploaded files before any is read: all
+    present, all used, each tensor inside its file; its weights are then checked as usual."""
+    split = with_external_data(tiny_onnx(tmp_path / "tiny.onnx"), tmp_path / "model")
+    data = tmp_path / "model.onnx.data"
+    upload = inspect_model(split, None, external={"model.onnx.data": data})
+    assert (upload.format, upload.inputs) == ("onnx", ("x",))
+    with pytest.raises(UploadRejected, match="not referenced by the ONNX model"):
+        inspect_model(split, None, external={"model.onnx.data": data, "more.data": data})
+    with pytest.raises(UploadRejected, match=r"'model\.onnx\.data', which was not uploaded"):
+        inspect_model(split, None)
+    nan = with_external_data(
+        tiny_onnx(tmp_path / "nan.onnx", weight=np.full((4, 4), np.nan, np.float32)),
+        tmp_path / "nan",
+        location="nan.data",
+    )
+    with pytest.raises(UploadRejected, match="tensor 'W' contains NaN"):
+        inspect_model(nan, None, external={"nan.data": tmp_path / "nan.data"})
+    data.write_bytes(data.read_bytes() + b"\0" * 4)  # longer is fine: offsets are within it
+    inspect_model(split, None, external={"model.onnx.data": data})
 
 
 def test_torch_export_program_passes(tmp_path: Path) -> None:
@@ -197,8 +265,41 @@ def test_torch_export_program_passes(tmp_path: Path) -> None:
     assert upload.format == "pt2" and upload.parameters == sum(
         p.numel() for p in model.parameters()
     )
+    assert upload.inputs == ("images",)  # the program's user inputs, from its signature
     with pytest.raises(UploadRejected, match="without a 'config'"):
         inspect_model(path, example_config())
+
+
+def test_npz_arrays_are_checked_against_the_model_inputs(tmp_path: Path) -> None:
+    """Where the model's input names are known at upload, a data file's arrays must be them
+    ('inputs' for a one-input model), plus optional labels; the detail names what is expected."""
+    rows = np.zeros((20, 8), np.int64)
+    path = tmp_path / "calib"
+    two = ("input_ids", "attention_mask")
+    path.write_bytes(npz_bytes(input_ids=rows, attention_mask=rows, labels=np.zeros(20, int)))
+    inspect_npz(path, "calib", two)
+    with pytest.raises(UploadRejected, match="unexpected array 'attention_mask'") as extra:
+        inspect_npz(path, "calib", ("input_ids",))
+    assert "the model's input is input_ids" in extra.value.detail
+    path.write_bytes(npz_bytes(input_ids=rows))
+    with pytest.raises(UploadRejected, match="no array 'attention_mask'") as missing:
+        inspect_npz(path, "calib", two)
+    assert "numpy.savez(path, input_ids=..., attention_mask=..., labels=...)" in (
+        missing.value.detail
+    )
+    path.write_bytes(npz_bytes(inputs=rows))
+    inspect_npz(path, "calib", ("token_ids",))  # the one input's array may be called inputs
+    with pytest.raises(UploadRejected, match="no array 'input_ids'"):
+        inspect_npz(path, "calib", two)
+
+
+def test_model_inputs_are_read_without_running_anything(tmp_path: Path) -> None:
+    from service.model_checks import architecture_inputs
+
+    assert architecture_inputs("VisionTransformer") == ("images",)
+    assert architecture_inputs("TextTransformer") == ("token_ids",)
+    assert architecture_inputs("NoSuchThing") is None
+    assert inspect_model(examples.path("text-rt-un"), None).inputs == ("token_ids",)
 
 
 def test_real_npz_passes(tmp_path: Path) -> None:
@@ -241,6 +342,22 @@ def test_unsafe_labels_are_refused(name: str) -> None:
     with pytest.raises(UploadRejected) as caught:
         safe_label(name, "calib")
     assert caught.value.status == 400 and "'calib'" in caught.value.detail
+
+
+@pytest.mark.parametrize(
+    "name",
+    [None, "", "../model.onnx.data", "/abs/model.onnx.data", "a\\b", "..", ".", "x\x00y",
+     "\u202egnp.exe", "é" * 200, "model.onnx", "config.json", "calib"],
+)  # fmt: skip
+def test_unsafe_external_data_names_are_refused(name: str | None) -> None:
+    with pytest.raises(UploadRejected) as caught:
+        data_file_name(name, intake.DATA_FIELD, intake.STORED_NAMES)
+    assert caught.value.status == 400 and "'model_data'" in caught.value.detail
+
+
+def test_external_data_names_are_kept_exactly() -> None:
+    for name in ("model.onnx.data", "weights.bin", "Model.ONNX", "modèle.data", "a b.data"):
+        assert data_file_name(name, intake.DATA_FIELD, intake.STORED_NAMES) == name
 
 
 def test_plain_labels_are_kept() -> None:

@@ -1,17 +1,17 @@
 """Bad (and good) uploads for the conversion service, as data any test can replay.
 
 ``bad_cases(workdir, max_upload_bytes)`` writes each bad upload under ``workdir`` and returns
-:class:`UploadCase` records: the multipart files (field -> client file name, file on disk) and
-form fields to send to ``POST /v1/conversions``, and the expected status and a fragment of the
-problem's ``detail`` (lower case). ``tests/test_service_uploads.py`` runs them through
-``service.uploads`` / ``service.inspect`` directly; the HTTP tests send the same cases to a real
+:class:`UploadCase` records: the multipart files (field -> client file name, file on disk; the
+repeatable ``model_data`` parts apart, in order) and form fields to send to
+``POST /v1/conversions``, and the expected status and a fragment of the problem's ``detail``
+(lower case). ``tests/test_service_uploads.py`` runs them through ``service.uploads`` /
+``service.intake`` / ``service.inspect`` directly; the HTTP tests send the same cases to a real
 server. ``good_cases`` are uploads that must be accepted.
 
 Replaying over HTTP::
 
     for case in bad_cases(tmp_path, settings.max_upload_bytes):
-        files = {f: (name, path.read_bytes()) for f, (name, path) in case.files.items()}
-        answer = client.post("/v1/conversions", files=files, data=case.form)
+        answer = client.post("/v1/conversions", files=case.parts(), data=case.form)
         assert answer.status_code == case.status
         assert case.fragment in answer.json()["detail"].lower()
         assert case.marker is None or not case.marker.exists()
@@ -54,6 +54,13 @@ CASE_NAMES: tuple[str, ...] = (
     "nan-weights",
     "nan-weights-onnx",
     "onnx-external-data",
+    "onnx-external-data-missing",
+    "onnx-external-data-unreferenced",
+    "onnx-external-data-beyond-file",
+    "model-data-traversal-name",
+    "model-data-absolute-name",
+    "model-data-taken-name",
+    "model-data-without-onnx",
     "oversize",
     "empty-model",
     "zip-bomb-model",
@@ -82,9 +89,15 @@ class UploadCase:
     fragment: str  # lower case; must occur in the problem detail (lower-cased)
     form: dict[str, str] = field(default_factory=dict)
     marker: Path | None = None  # a file the payload would create: must not exist afterwards
+    data_files: tuple[tuple[str, Path], ...] = ()  # model_data parts: (client file name, file)
 
     def __str__(self) -> str:  # pytest ids
         return self.name
+
+    def parts(self) -> list[tuple[str, tuple[str, bytes]]]:
+        """The multipart files as httpx takes them (a list: model_data may repeat)."""
+        named = [*self.files.items(), *(("model_data", data) for data in self.data_files)]
+        return [(f, (name, path.read_bytes())) for f, (name, path) in named]
 
 
 class CodePayload:
@@ -181,6 +194,16 @@ def onnx_with_external_data(path: Path) -> Path:
     return path
 
 
+def with_external_data(source: Path, dest: Path, location: str = "model.onnx.data") -> Path:
+    """``source`` saved again as ``dest`` with every tensor in the external data file
+    ``location`` beside it (what torch.onnx.export writes by default)."""
+    model = onnx.load(str(source))
+    onnx.save_model(
+        model, str(dest), save_as_external_data=True, location=location, size_threshold=0
+    )
+    return dest
+
+
 def state_dict_pt(path: Path, name: str = GOOD_MODEL) -> Path:
     """A bundled example as a plain torch state dict (zip format), without its config."""
     torch.save(load_file(str(examples.path(name))), path)
@@ -228,6 +251,11 @@ def bad_cases(workdir: Path, max_upload_bytes: int) -> list[UploadCase]:
     state_dict = state_dict_pt(d / "vit.pt")
     object_inputs = np.empty(20, dtype=object)
     object_inputs[:] = [{"x": i} for i in range(20)]
+    external = d / "external"  # a model and its external data, as torch.onnx.export writes them
+    external.mkdir(exist_ok=True)
+    split = with_external_data(tiny_onnx(d / "tiny.onnx"), external / "model.onnx")
+    weights = ("model.onnx.data", external / "model.onnx.data")
+    cut = _write(d / "cut.onnx.data", weights[1].read_bytes()[:10])
     cases = [
         case("pickle-payload-torch-zip", {"model": ("model.pt", d / "payload.pt")}, 422,
              "code-execution payload", marker=marker),
@@ -262,6 +290,23 @@ def bad_cases(workdir: Path, max_upload_bytes: int) -> list[UploadCase]:
              "tensor 'w' contains nan or inf"),
         case("onnx-external-data", {"model": ("model.onnx", onnx_with_external_data(
              d / "external.onnx"))}, 422, "external"),
+        case("onnx-external-data-missing", {"model": ("model.onnx", split)}, 422,
+             "'model.onnx.data', which was not uploaded"),
+        case("onnx-external-data-unreferenced", {"model": ("model.onnx", split)}, 422,
+             "'extra.data' is not referenced by the onnx model",
+             data_files=(weights, ("extra.data", weights[1]))),
+        case("onnx-external-data-beyond-file", {"model": ("model.onnx", split)}, 422,
+             "beyond the end of the uploaded file", data_files=(("model.onnx.data", cut),)),
+        case("model-data-traversal-name", {"model": ("model.onnx", split)}, 400,
+             "'model_data' upload '../model.onnx.data' contains a path separator",
+             data_files=(("../model.onnx.data", weights[1]),)),
+        case("model-data-absolute-name", {"model": ("model.onnx", split)}, 400,
+             "contains a path separator", data_files=(("/etc/passwd", weights[1]),)),
+        case("model-data-taken-name", {"model": ("model.onnx", split)}, 400,
+             "one the server stores the other uploads under",
+             data_files=(("model.onnx", weights[1]),)),
+        case("model-data-without-onnx", {"model": model}, 422,
+             "the 'model' upload is a .safetensors checkpoint", data_files=(weights,)),
         case("oversize", {"model": ("big.safetensors", d / "oversize.bin")}, 413,
              "edge_un_max_upload_mb"),
         case("empty-model", {"model": ("model.safetensors", d / "empty.safetensors")}, 400,
@@ -276,7 +321,8 @@ def bad_cases(workdir: Path, max_upload_bytes: int) -> list[UploadCase]:
         case("malformed-npz", {"model": model, "calib": ("calib.npz", _write(
              d / "malformed.npz", b"PK\x03\x04" + b"\x00garbage" * 50))}, 422, "not an .npz"),
         case("npz-without-inputs", {"model": model, "eval": ("eval.npz", _write(
-             d / "noinputs.npz", npz_bytes(x=np.zeros((100, 3)))))}, 422, "no 'inputs'"),
+             d / "noinputs.npz", npz_bytes(x=np.zeros((100, 3)))))}, 422,
+             "no array 'images' (found: x)"),
         case("pickled-npz", {"model": model, "calib": ("calib.npz", _write(
              d / "pickled.npz", npz_bytes(inputs=object_inputs)))}, 422, "pickled"),
         case("pickle-as-npz", {"model": model, "eval": ("eval.npz", d / "payload.pkl")}, 422,
@@ -302,8 +348,9 @@ def bad_cases(workdir: Path, max_upload_bytes: int) -> list[UploadCase]:
 
 def good_cases(workdir: Path) -> list[UploadCase]:
     """Uploads the service must accept (status 202 over HTTP): every bundled UN example, a torch
-    state dict with its config, and one with calibration data. (ONNX and .pt2 sources take
-    seconds to build: see ``tests/test_service_uploads.py``.)"""
+    state dict with its config, one with calibration data, and a tiny ONNX model with its
+    weights in external data (and data named as its input). (Exported ONNX and .pt2 sources
+    take seconds to build: see ``tests/test_service_uploads.py``.)"""
     d = workdir / "good"
     d.mkdir(parents=True, exist_ok=True)
     cases = [
@@ -319,4 +366,11 @@ def good_cases(workdir: Path) -> list[UploadCase]:
     calib = good_calib(d / "calib.npz")
     files = {"model": ("m.safetensors", examples.path(GOOD_MODEL)), "calib": ("calib.npz", calib)}
     cases.append(UploadCase("with-calib", files, 202, ""))
+    (d / "external").mkdir(exist_ok=True)
+    split = with_external_data(tiny_onnx(d / "tiny.onnx"), d / "external" / "model.onnx")
+    data = (("model.onnx.data", d / "external" / "model.onnx.data"),)
+    rows = np.random.default_rng(0).random((16, 4), dtype=np.float32)
+    x_calib = _write(d / "x-calib.npz", npz_bytes(x=rows))  # the tiny model's input is x
+    files = {"model": ("model.onnx", split), "calib": ("calib.npz", x_calib)}
+    cases.append(UploadCase("onnx-with-external-data", files, 202, "", data_files=data))
     return cases

@@ -20,6 +20,7 @@ from .. import intake, jobs
 from ..db import Job, session_scope
 from ..problems import Problem
 from ..storage import REPORT_JSON
+from ..uploads import MAX_DATA_FILES
 from .deps import Principal, PrincipalDep, Services, ServicesDep
 from .schemas import ArtifactOut, JobOut, JobPage
 
@@ -36,7 +37,15 @@ UPLOAD_SCHEMA = {
         "model": {
             "type": "string",
             "format": "binary",
-            "description": ".safetensors, .pt/.pth (with config), .pt2 or .onnx",
+            "description": ".safetensors, .pt/.pth (with config), .pt2, .onnx, or a Hugging "
+            "Face save_pretrained directory as one .zip (config.json + *.safetensors)",
+        },
+        "model_data": {
+            "type": "array",
+            "items": {"type": "string", "format": "binary"},
+            "maxItems": MAX_DATA_FILES,
+            "description": "an ONNX model's external data files (repeat the field, one part per "
+            "file), each under the file name the .onnx references, e.g. model.onnx.data",
         },
         "config": {"type": "string", "format": "binary", "description": "the model's JSON config"},
         "calib": {"type": "string", "format": "binary", "description": "calibration .npz"},
@@ -104,7 +113,8 @@ def _finished_with_files(services: Services, principal: Principal, job_id: str) 
 async def create_conversion(
     request: Request, response: Response, services: ServicesDep, principal: PrincipalDep
 ) -> JobOut:
-    """Upload a model (and optional config, calib, eval) and queue its conversion."""
+    """Upload a model (and optional config, calib, eval; an ONNX model's external data as
+    model_data) and queue its conversion."""
     job = await intake.accept(
         request.stream(),
         request.headers.get("content-type"),

@@ -16,7 +16,7 @@ class Inputs(BaseModel):
     """The uploaded files by their client-side names (labels only) and the model's format."""
 
     model: str
-    model_format: Literal["safetensors", "pt", "pt2", "onnx"]
+    model_format: Literal["safetensors", "pt", "pt2", "onnx", "hf"]
     config: str | None
     calib: str | None
     eval: str | None
