@@ -6,6 +6,8 @@ A per-channel affine ``y = x * s + t`` folds into a neighbouring Linear or Conv 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import Tensor
 
 
@@ -51,3 +53,16 @@ def as_channel_vector(constant: Tensor, channels: int) -> Tensor:
     ):
         raise ValueError(f"constant of shape {tuple(constant.shape)} is not per-channel")
     return constant.reshape(-1).expand(channels) if constant.numel() == 1 else constant.reshape(-1)
+
+
+def fold_affine_into_embedding_tables(
+    tables: Sequence[Tensor], scale: Tensor, shift: Tensor
+) -> list[Tensor]:
+    """``(E_1[k_1] + ... + E_n[k_n]) * s + t = (E_1 * s + t)[k_1] + ... + (E_n * s)[k_n]``.
+
+    Every lookup reads exactly one row of each table (``(rows, C)``, or a constant that
+    broadcasts per channel), so scaling every table and adding the shift to the first is exact.
+    """
+    folded = [table * scale for table in tables]
+    folded[0] = folded[0] + shift
+    return folded

@@ -8,7 +8,9 @@ consumes each norm. In eval every offline norm is ``x * scale + shift`` per chan
 
 1. folds forward when every consumer of its output is a Linear (reached through ops that commute
    with a per-channel affine: mean over tokens, token slicing, channel-preserving reshapes);
-2. else folds backward into the Linear/Conv that produces its input, if nothing else reads it;
+2. else folds backward into the Linear/Conv that produces its input, if nothing else reads it,
+   or into the embedding tables whose lookups it sums (BERT's embeddings norm,
+   :mod:`.embedding_fold`);
 3. else becomes one Mul + Add with constant vectors, and the report says why.
 """
 
@@ -22,6 +24,7 @@ import torch
 from torch import Tensor, fx, nn
 from torch.export import ExportedProgram
 
+from .embedding_fold import embedding_lookups, fold_into_embeddings
 from .equations import (
     as_channel_vector,
     compose_affine,
@@ -251,16 +254,25 @@ def fold_norm_call(gm: fx.GraphModule, call: NormCall) -> NormFold:
         for linear in consumers:
             _fold_into_following(gm, linear, call)
         _bypass(gm, call, call.input)
-        into = tuple(module_path(n) for n in consumers)
-        return NormFold(call.path, call.kind, "folded_forward", into)
+        return NormFold(call.path, call.kind, "folded_forward", _paths(consumers))
     producer, backward_reason = producing_layer(gm, call)
     if producer is not None:
         _fold_into_preceding(gm, producer, call)
         _bypass(gm, call, call.input)
         return NormFold(call.path, call.kind, "folded_backward", (module_path(producer),))
+    lookups, embedding_reason = embedding_lookups(gm, call.input, set(call.nodes))
+    if lookups is not None:
+        fold_into_embeddings(gm, lookups, call.scale, call.shift)
+        _bypass(gm, call, call.input)
+        return NormFold(call.path, call.kind, "folded_backward", _paths(lookups))
     _replace_with_scale_shift(gm, call)
     reason = f"forward: {forward_reason}; backward: {backward_reason}"
+    reason += f"; embeddings: {embedding_reason}" if embedding_reason else ""
     return NormFold(call.path, call.kind, "scale_shift", reason=reason)
+
+
+def _paths(nodes: list[fx.Node]) -> tuple[str, ...]:
+    return tuple(module_path(n) for n in nodes)
 
 
 def _single_use_weight(gm: fx.GraphModule, layer: fx.Node) -> str | None:

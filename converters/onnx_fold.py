@@ -7,7 +7,8 @@ Add is a bias or an embedding, not a norm):
 * folds forward into the MatMul/Gemm with constant weights that consume it (through Reshape,
   Flatten, Slice/Gather/ReduceMean that leave the channel axis alone), when nothing else does;
 * else folds backward into the MatMul/Gemm (or Conv, through Transpose/Reshape) that produces
-  its input, if nothing else reads that;
+  its input, if nothing else reads that, or into the embedding tables whose lookups it sums
+  (:mod:`.onnx_embeddings`);
 * else stays, as one Mul + Add (a longer chain is collapsed). The FoldReport says which, and why.
 
 Names and kinds come from the torch exporter's node metadata when present, else node names
@@ -29,9 +30,10 @@ from onnx_ir.passes.common import NameFixPass, RemoveUnusedNodesPass, ShapeInfer
 
 from .equations import fold_affine_into_preceding_linear
 from .errors import OnlineNormError
+from .onnx_embeddings import embedding_terms, fold_into_embeddings
 from .onnx_load import load_onnx
 from .onnx_names import label, layer_name, norm_name
-from .onnx_rewrites import constant, fresh_name, gathers_to_slices
+from .onnx_rewrites import constant, fresh_name, gathers_to_slices, set_constant_input
 from .report import FoldReport, NormFold
 
 AFFINE_OPS = {"Mul": "mul", "Add": "add", "Sub": "sub", "Div": "div"}
@@ -188,9 +190,16 @@ def fold_chain(graph: ir.Graph, chain: Chain) -> NormFold | None:
     if producer is not None:
         fold_into_preceding(graph, producer, chain)
         return NormFold(name, kind, "folded_backward", (layer_name(producer),))
+    terms, embedding_reason = embedding_terms(chain.data, chain.nodes[0])
+    if terms is not None:
+        fold_into_embeddings(graph, terms, chain.scale, chain.shift)
+        bypass(graph, chain, chain.data)
+        into = tuple(layer_name(t.node) for t in terms if t.node.op_type == "Gather")
+        return NormFold(name, kind, "folded_backward", into)
     if [n.op_type for n in chain.nodes] not in (["Mul"], ["Mul", "Add"]):
         replace_with_scale_shift(graph, chain)
     reason = f"forward: {forward_reason}; backward: {backward_reason}"
+    reason += f"; embeddings: {embedding_reason}" if embedding_reason else ""
     return NormFold(name, kind, "scale_shift", reason=reason)
 
 
@@ -316,15 +325,6 @@ def _source_axis(source: ir.Value | None, out: ir.Value, axis: int) -> int | Non
     return None
 
 
-def _set_const(graph: ir.Graph, node: ir.Node, index: int, array: np.ndarray, name: str) -> None:
-    """Give input ``index`` of ``node`` a new initializer (the old one is then unused)."""
-    value = ir.Value(name=fresh_name(graph, name), const_value=ir.tensor(array))
-    graph.register_initializer(value)
-    if index >= len(node.inputs):
-        node.resize_inputs(index + 1)
-    node.replace_input_with(index, value)
-
-
 def _bias_add(layer: ir.Node) -> tuple[ir.Node, int] | None:
     """The Add that adds a constant bias to a MatMul's output, if it is its only reader."""
     out = layer.outputs[0]
@@ -344,18 +344,18 @@ def _write(graph: ir.Graph, layer: ir.Node, weight_kn: np.ndarray, bias: np.ndar
     dtype = constant(layer.inputs[1]).dtype  # type: ignore[union-attr]
     if layer.op_type == "Gemm":
         stored = weight_kn.T if _attr(layer, "transB", 0) else weight_kn
-        _set_const(graph, layer, 1, stored.astype(dtype), f"{layer.name}_weight_folded")
+        set_constant_input(graph, layer, 1, stored.astype(dtype), f"{layer.name}_weight_folded")
         beta, alpha = float(_attr(layer, "beta", 1.0)), float(_attr(layer, "alpha", 1.0))
         # Y = alpha * A B + beta * C: the caller's bias is in units of A B.
-        _set_const(
+        set_constant_input(
             graph, layer, 2, (alpha * bias / beta).astype(dtype), f"{layer.name}_bias_folded"
         )
         return
-    _set_const(graph, layer, 1, weight_kn.astype(dtype), f"{layer.name}_weight_folded")
+    set_constant_input(graph, layer, 1, weight_kn.astype(dtype), f"{layer.name}_weight_folded")
     found = _bias_add(layer)
     if found is not None:
         add, index = found
-        _set_const(graph, add, index, bias.astype(dtype), f"{layer.name}_bias_folded")
+        set_constant_input(graph, add, index, bias.astype(dtype), f"{layer.name}_bias_folded")
         return
     value = ir.Value(
         name=fresh_name(graph, f"{layer.name}_bias_folded"),
@@ -409,8 +409,8 @@ def fold_into_preceding(graph: ir.Graph, layer: ir.Node, chain: Chain) -> None:
             torch.from_numpy(chain.shift),
         )
         bypass(graph, chain, chain.data)
-        _set_const(graph, layer, 1, new_w.numpy().astype(weight.dtype), f"{layer.name}_w")
-        _set_const(graph, layer, 2, new_b.numpy().astype(weight.dtype), f"{layer.name}_b")
+        set_constant_input(graph, layer, 1, new_w.numpy().astype(weight.dtype), f"{layer.name}_w")
+        set_constant_input(graph, layer, 2, new_b.numpy().astype(weight.dtype), f"{layer.name}_b")
         return
     w, _ = _weight(layer)
     w = w.astype(np.float64)  # type: ignore[union-attr]

@@ -86,6 +86,17 @@ def replace_output(graph: ir.Graph, old: ir.Node, new: list[ir.Node], result: ir
     graph.remove(old, safe=True)
 
 
+def set_constant_input(
+    graph: ir.Graph, node: ir.Node, index: int, array: np.ndarray, name: str
+) -> None:
+    """Give input ``index`` of ``node`` a new initializer (the old one is then unused)."""
+    value = ir.Value(name=fresh_name(graph, name), const_value=ir.tensor(array))
+    graph.register_initializer(value)
+    if index >= len(node.inputs):
+        node.resize_inputs(index + 1)
+    node.replace_input_with(index, value)
+
+
 def int64_initializer(graph: ir.Graph, values: list[int], name: str) -> ir.Value:
     value = ir.Value(
         name=fresh_name(graph, name), const_value=ir.tensor(np.array(values, dtype=np.int64))

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 import edge_un
 from converters import ConversionError, OnlineNormError, fold_norms
 from converters.equations import (
+    fold_affine_into_embedding_tables,
     fold_affine_into_following_linear,
     fold_affine_into_preceding_linear,
 )
@@ -49,6 +50,18 @@ def test_preceding_linear_and_conv_equation() -> None:
     new_w, new_b = fold_affine_into_preceding_linear(cw, cb, s, t)
     expected = F.conv2d(image, cw, cb) * s[:, None, None] + t[:, None, None]
     torch.testing.assert_close(F.conv2d(image, new_w, new_b), expected)
+
+
+def test_embedding_tables_equation() -> None:
+    g = torch.Generator().manual_seed(2)
+    s, t = torch.rand(4, generator=g, dtype=torch.float64) + 0.5, torch.randn(4, generator=g)
+    word, position = torch.randn(9, 4, generator=g), torch.randn(5, 4, generator=g)
+    ids, positions = torch.randint(0, 9, (3, 5), generator=g), torch.arange(5)
+    new_word, new_position = fold_affine_into_embedding_tables(
+        [word.double(), position.double()], s, t.double()
+    )
+    expected = (word[ids].double() + position[positions].double()) * s + t
+    torch.testing.assert_close(new_word[ids] + new_position[positions], expected)
 
 
 def expected_actions(model: nn.Module) -> dict[str, str]:
@@ -219,6 +232,42 @@ def test_norm_placements(module: type, shape: tuple, expected: dict) -> None:
     for norm in report.kept:
         ops = [str(n.target) for n in folded.graph.nodes if _in_module(n, norm.name)]
         assert sorted(ops) == ["aten.add.Tensor", "aten.mul.Tensor"], ops
+
+
+class EmbeddingSumNorm(nn.Module):
+    """BERT's embeddings: a norm of word + position lookups, read by a Linear and a residual
+    (so it folds neither forward nor into a Linear): it folds into the tables, unless the word
+    table is tied to the output layer."""
+
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        self.tied = tied
+        self.word, self.position = nn.Embedding(11, 6), nn.Embedding(5, 6)
+        self.norm = edge_un.make_norm("un", 6)
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        y = self.norm(self.word(ids) + self.position(torch.arange(ids.shape[1])))
+        y = y + self.fc(y)
+        return F.linear(y, self.word.weight) if self.tied else y
+
+
+@pytest.mark.parametrize(
+    ("tied", "action", "words"),
+    [(False, "folded_backward", ("word", "position")), (True, "scale_shift", ("shares",))],
+)
+def test_a_norm_of_embedding_lookups_folds_into_the_tables(
+    tied: bool, action: str, words: tuple[str, ...]
+) -> None:
+    model = randomize_norm_state(EmbeddingSumNorm(tied), 6).double()
+    ids = torch.randint(0, 11, (3, 5), generator=torch.Generator().manual_seed(3))
+    folded, report = fold_norms(model, (ids,))
+    assert relative_diff(model(ids), folded(ids)) <= EXACT
+    (norm,) = report.norms
+    assert norm.action == action, str(report)
+    assert all(word in norm.reason + " ".join(norm.into) for word in words), str(report)
+    ops = {str(n.target) for n in folded.graph.nodes if _in_module(n, "norm")}
+    assert ops == (set() if action == "folded_backward" else {"aten.add.Tensor", "aten.mul.Tensor"})
 
 
 def _in_module(node: torch.fx.Node, path: str) -> bool:

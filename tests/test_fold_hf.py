@@ -50,7 +50,7 @@ TOLERANCE = 1e-5  # ONNX Runtime vs torch, relative to the logits' max abs value
 EXACT = 1e-10  # float64 folding
 VIT_LAYERS = 4  # 9 norms: two per layer and the final one
 BERT_EXPECTED = {
-    "bert.embeddings.LayerNorm": "scale_shift",
+    "bert.embeddings.LayerNorm": "folded_backward",  # into the embedding tables
     "bert.encoder.layer.0.attention.output.LayerNorm": "scale_shift",
     "bert.encoder.layer.0.output.LayerNorm": "scale_shift",
     "bert.encoder.layer.1.attention.output.LayerNorm": "scale_shift",
@@ -573,7 +573,10 @@ def test_bert_program_keeps_post_norms_as_one_mul_add(bert_files: dict[str, Path
     assert "SequenceClassifierOutput" in (program_output_note(program) or "")
     folded, report = fold_norms(program)
     assert actions(report) == BERT_EXPECTED, str(report)
-    assert report.folded[0].into == ("bert.pooler.dense",)
+    embeddings, pooled = report.folded
+    tables = {f"bert.embeddings.{kind}_embeddings" for kind in ("word", "position", "token_type")}
+    assert set(embeddings.into) == tables, str(report)
+    assert pooled.into == ("bert.pooler.dense",)
     for norm in report.kept:
         assert "another tensor" in norm.reason, norm  # the residual Add
         ops = sorted(str(n.target) for n in folded.graph.nodes if _in_module(n, norm.name))
@@ -594,7 +597,10 @@ def test_bert_onnx_keeps_post_norms_as_one_mul_add(
 ) -> None:
     folded, report = fold_onnx(bert_files[source])
     assert actions(report) == BERT_EXPECTED, str(report)
-    assert report.folded[0].into == ("bert.pooler.dense",)
+    embeddings, pooled = report.folded
+    # the position (and, exported without token types, the type) rows are constants by then
+    assert "bert.embeddings.word_embeddings" in embeddings.into, str(report)
+    assert pooled.into == ("bert.pooler.dense",)
     assert all("another tensor" in norm.reason for norm in report.kept), str(report)
     assert kept_as_one_mul_add(folded, channels=16) == len(report.kept)
     ids, mask = text()  # static batch in the dynamo export

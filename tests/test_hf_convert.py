@@ -132,10 +132,16 @@ def test_the_hf_bert_onnx_default_export_converts_for_every_target(bert: dict) -
     check_every_target_converted(report, EVALUATION["bert"])
     assert [i.name for i in report.model.inputs] == ["input_ids", "attention_mask"]
     assert any("rewritten as Where(attention_mask == 0, -30, 0)" in n for n in report.notes)
-    # post-norm: the norms that feed a residual stay one Mul + Add each, and say why
+    # post-norm: the norms that feed a residual stay one Mul + Add each, and say why; the
+    # embeddings norm folds into the embedding tables, which is what brings the NPU files
+    # within the bar (measured: imx93 96.6 % agreement with it kept as a Mul + Add, 99.5 %)
     norms = {n["name"]: n for n in report.fold["norms"]}
     kept = [n for n in norms.values() if n["action"] == "scale_shift"]
-    assert len(norms) == 5 and len(kept) == 4 and all(n["reason"] for n in kept)
+    assert len(norms) == 5 and len(kept) == 3 and all(n["reason"] for n in kept)
+    embeddings = norms["bert.embeddings.LayerNorm"]
+    assert "bert.embeddings.word_embeddings" in embeddings["into"], embeddings
+    for target in report.targets.values():
+        assert target.status == "ok", (target.name, target.status, target.drift)
     for name in ("imx93", "imx8mp"):  # ids and mask stay int64 inputs; nothing in float
         target = report.targets[name]
         tflite = next(a for a in target.artifacts if a.format == "tflite")
