@@ -23,9 +23,7 @@ bundled models. Speed is of this host's kernels only: a VNNI host's cannot be em
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +36,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import onnxruntime as ort
 import torch
+from results_main import RESULTS, benchmark_main
 
 import edge_un
 from converters.pipeline import export_folded, load_and_fold
@@ -50,7 +49,6 @@ from quant.host import VNNI, describe_host
 from quant.ort_int8 import quantize_onnx
 from quant.targets import DEFAULT_MIN_AGREEMENT, PROFILES, TargetProfile
 
-RESULTS = Path(__file__).resolve().parent / "results"
 NAME = "cpu_recipe"
 ACCURACY_MODELS = ("vit-mnist-ln-to-un", "vit-mnist-un", "text-rt-un", "text-rt-ln-to-un")
 SPEED_MODELS = ("vit-tiny-un", "vit-mnist-ln-to-un", "text-rt-un")
@@ -233,18 +231,7 @@ def plot(results: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--report-only", action="store_true")
-    args = parser.parse_args()
-    path = RESULTS / f"{NAME}.json"
-    if args.report_only:
-        results = json.loads(path.read_text())
-    else:
-        results = run()
-        path.write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / f"{NAME}.md").write_text(markdown(results))
-    plot(results)
-    print((RESULTS / f"{NAME}.md").read_text())
+    benchmark_main(NAME, __doc__.splitlines()[0], run, markdown, plot)
 
 
 if __name__ == "__main__":

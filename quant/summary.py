@@ -59,16 +59,16 @@ def latency_rows(report: Report) -> list[list[str]]:
 
 
 def norms_line(report: Report) -> str:
-    """``9 offline norms, all folded into Linear weights`` / ``5 offline norms: 1 folded, 4
+    """``9 offline norms, all folded into the weights`` / ``5 offline norms: 1 folded, 4
     kept as one per-channel Mul + Add (a, b, ...)``: what folding did, in one line."""
     norms = report.fold.get("norms", [])
     kept = [n["name"] for n in norms if n["action"] == "scale_shift"]
     line = f"{len(norms)} offline norms"
     if not kept:
-        line += ", all folded into Linear weights" if norms else ""
+        line += ", all folded into the weights" if norms else ""
     else:
         line += (
-            f": {len(norms) - len(kept)} folded into Linear weights, {len(kept)} kept as one "
+            f": {len(norms) - len(kept)} folded into the weights, {len(kept)} kept as one "
             f"per-channel Mul + Add, integer on every target ({', '.join(kept)})"
         )
     if not report.fold.get("fully_integer", True):

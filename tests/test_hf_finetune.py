@@ -19,6 +19,7 @@ from torch import nn
 import edge_un
 from edge_un import data
 from edge_un.finetune import FinetuneRecipe
+from quant.report import Report
 from service.cli import main as cli_main
 
 transformers = pytest.importorskip("transformers")
@@ -166,6 +167,16 @@ def test_vit_directory_migrates_and_records_the_finetune(vit_dir, vit_npz, tmp_p
     assert reported(stdout, "validation agreement with the teacher") == round(
         meta["val_agreement_with_teacher"], 4
     )
+
+    # ... and the written directory converts as it is (its recorded data set: digits' test split)
+    code, _, err = run(["convert", str(out), "--target", "cpu", "-o", str(tmp_path / "int8")],
+                       capsys)  # fmt: skip
+    assert code == 0, err
+    report = Report.read(tmp_path / "int8" / "report.json")
+    assert report.model.source_format == "hf" and report.model.inputs[0].name == "pixel_values"
+    norms = report.fold["norms"]
+    assert len(norms) == 5 and all(n["action"] != "scale_shift" for n in norms), norms
+    assert report.targets["cpu"].status != "failed" and report.targets["cpu"].drift is not None
 
 
 def test_int8_ready_on_a_directory_uses_its_recorded_data_set(vit_dir, vit_npz, tmp_path, capsys):
