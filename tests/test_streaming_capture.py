@@ -23,7 +23,7 @@ from onnxruntime.quantization.qdq_loss_debug import (
 
 from quant import ort_int8
 from quant.data import Samples, as_feeds
-from quant.drift import tensor_sqnr
+from quant.drift import sqnr_of_sums, square_sums, tensor_sqnr
 from quant.ort_int8 import SamplesReader, best_power_of_two, quantize_onnx
 from quant.targets import PROFILES
 
@@ -132,3 +132,21 @@ def test_power_of_two_choice_sums_the_errors_of_every_batch(mlp: dict) -> None:
     x = mlp["inputs"]
     for part in (x[: ort_int8.STREAM_BATCH], x[-(SAMPLES % ort_int8.STREAM_BATCH) :]):
         assert best(part, checked["x"]) == 2 * float(chosen["x_scale"])
+
+
+@pytest.mark.parametrize(
+    ("reference", "actual", "expected"),
+    [
+        (np.zeros(4), np.ones(4), 20 * math.log10(1e-30 / 2)),  # no signal: was log10(0)
+        (np.full(4, -np.inf), np.full(4, -np.inf), -math.inf),  # an -inf mask: inf - inf
+        (np.ones(4), np.ones(4), math.inf),  # computed exactly
+        (np.ones(4), np.full(4, 1.1), 20.0),
+    ],
+)
+def test_sqnr_is_never_a_math_error(
+    reference: np.ndarray, actual: np.ndarray, expected: float
+) -> None:
+    """The one-input BERT's 'math domain error' (issue 19): SQNR of a zero tensor, or of one
+    holding float32-min fills, is a number, not an exception."""
+    signal_sq, noise_sq = square_sums(reference.astype(np.float32), actual.astype(np.float32))
+    assert sqnr_of_sums(signal_sq, noise_sq) == pytest.approx(expected, abs=1e-3)
