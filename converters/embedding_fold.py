@@ -29,6 +29,8 @@ def embedding_lookups(
     leaves, inner = _summands(data)
     if not any(_is_lookup(leaf) for leaf in leaves):
         return None, ""
+    if len(set(leaves)) != len(leaves):  # x + x: its table would be scaled once, not twice
+        return None, "the sum adds a lookup more than once"
     readers = norm_nodes | set(inner)
     for node in [*inner, *leaves]:
         others = [u for u in node.users if u not in readers and u.target not in SHAPE_ONLY_OPS]
