@@ -1,4 +1,4 @@
-"""Quantize onnx2tf's saved_model into the two TFLite files we ship. Runs INSIDE the tool env.
+"""The TFLite files of onnx2tf's saved_model: int8, 16x8 and float32. Runs INSIDE the tool env.
 
 Invoked by path with the tool environment's python (``quant.tflite`` does it), never imported by
 the main venv: it imports only the standard library, numpy and TensorFlow. Why not let onnx2tf
@@ -11,15 +11,18 @@ The converter settings are onnx2tf's own (``from_saved_model``, per-channel weig
 TensorFlow "Flex" op would run neither in LiteRT nor on an NPU, so an op with no integer kernel
 fails the conversion here instead of slipping through.
 
-    python _tf_convert.py SAVED_MODEL CALIB.npz --int8 OUT.tflite --int16x8 OUT.tflite
+    python _tf_convert.py SAVED_MODEL CALIB.npz --float32 OUT --int8 OUT --int16x8 OUT
+
+The float32 file (LiteRT's fp32 reference for drift and latency) takes the same route without
+quantization; it is what onnx2tf's own ``*_float32.tflite`` holds, minus the Flex-op escape hatch.
 
 CALIB.npz holds the calibration samples, one array per model input named as the ONNX model names
 it (onnx2tf keeps those names as the signature's keys), float32 or int64, one sample per row (the
 model has batch 1), in the ONNX model's layout (NCHW) or already channels-last as the saved_model
 takes.
-Exit code 0 when the int8 file was written; on failure the last stderr line says why. A failed
-16x8 conversion (TensorFlow has no 16x8 path for some graphs, e.g. an int64 GATHER index input)
-is a "warning: ..." line on stdout, and no 16x8 file.
+Exit code 0 when the float32 and int8 files were written; on failure the last stderr line says
+why. A failed 16x8 conversion (TensorFlow has no 16x8 path for some graphs, e.g. an int64 GATHER
+index input) is a "warning: ..." line on stdout, and no 16x8 file.
 """
 
 from __future__ import annotations
@@ -96,9 +99,12 @@ def _convert(
     mode: str,
 ) -> bytes:
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model)
+    converter.unfold_batchmatmul = False
+    if mode == "float32":
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        return converter.convert()
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = _representative(calib, dtypes)
-    converter.unfold_batchmatmul = False
     converter._experimental_disable_per_channel = False
     if mode == "int8":
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
@@ -122,6 +128,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("saved_model")
     parser.add_argument("calib")
+    parser.add_argument("--float32", required=True, help="output path of the float32 file")
     parser.add_argument("--int8", required=True, help="output path of the full-int8 file")
     parser.add_argument("--int16x8", required=True, help="output path of the 16x8 file")
     args = parser.parse_args()
@@ -136,14 +143,14 @@ def main() -> int:
     dtypes = {key: dtype for key, (dtype, _) in signature.items()}
     for key, (dtype, shape) in signature.items():
         print(f"input {key!r} {dtype.name} {shape}; {len(calib[key])} samples", flush=True)
-    for mode, out in (("int8", args.int8), ("int16x8", args.int16x8)):
+    for mode, out in (("float32", args.float32), ("int8", args.int8), ("int16x8", args.int16x8)):
         try:
             model = _convert(args.saved_model, calib, dtypes, mode)
         except Exception as exc:  # the converter raises many types; report one line
             message = (
                 f"{mode} conversion failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
             )
-            if mode == "int8":
+            if mode != "int16x8":
                 print(f"error: {message[:400]}", file=sys.stderr)
                 return 1
             # 16x8 is the fallback file, not the product: the int8 file still ships.

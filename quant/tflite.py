@@ -1,12 +1,14 @@
 """ONNX -> full-int8 and 16x8 TFLite through onnx2tf, run as a sandboxed subprocess.
 
-Route (measured on the bundled examples, see ``convert_tflite``): onnx2tf turns the folded fp32
-ONNX model into a TensorFlow saved_model (plus its own fp32 TFLite file), then
-``quant/_tf_convert.py``, also in the tool environment, quantizes that saved_model twice with
-the same calibration data: full int8 (int8 I/O) and 16x8 (int16 activations, int8 weights,
-int16 I/O). Both use onnx2tf's own converter settings, so the int8 file is what
-``onnx2tf -oiqt`` would write, but without its five other variants and with integer
-calibration data for int64 token-id inputs, which ``-oiqt`` cannot quantize.
+Route (measured on the bundled examples, see ``convert_tflite``): onnx2tf builds a TensorFlow
+model of the folded fp32 ONNX model, ``quant/_onnx_to_saved_model.py`` saves it as a plain
+saved_model (onnx2tf's own command would also write float32 and float16 TFLite files through
+TensorFlow's Keras path, which takes 14+ min for a BERT-base), then ``quant/_tf_convert.py``
+converts that saved_model three times: float32 (LiteRT's reference), full int8 (int8 I/O) and
+16x8 (int16 activations, int8 weights, int16 I/O), the last two with the same calibration data.
+All use onnx2tf's own converter settings, so the int8 file is what ``onnx2tf -oiqt`` would
+write, but without its five other variants and with integer calibration data for int64 token-id
+inputs, which ``-oiqt`` cannot quantize. Both scripts run in the tool environment.
 
 The subprocesses get a scratch working directory, a minimal environment (tool env first on
 PATH, no proxies, HOME inside the scratch directory) and, where the kernel allows it, no network
@@ -48,6 +50,7 @@ TENSOR_MAP_NAME = "tensor_map.json"
 ONNX2TF_LOG = "onnx2tf.log"
 QUANTIZE_LOG = "tf_convert.log"
 SAMPLE_DATA_NAME = "calibration_image_sample_data_20x128x128x3_float32.npy"
+SAVED_MODEL_SCRIPT = Path(__file__).with_name("_onnx_to_saved_model.py")
 TF_CONVERT_SCRIPT = Path(__file__).with_name("_tf_convert.py")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _GLOG = re.compile(r"^[IWEF]\d{4} ")  # TensorFlow's C++ log lines: noise for a one-line error
@@ -61,7 +64,8 @@ class TfliteConversionError(RuntimeError):
 class TfliteArtifacts:
     """What one conversion produced, all inside ``work_dir``.
 
-    ``float32`` is onnx2tf's fp32 TFLite file (the LiteRT fp32 reference for drift and latency).
+    ``float32`` is the fp32 TFLite file of the same saved_model (LiteRT's reference for drift and
+    latency).
     ``tensor_map`` maps TFLite tensor names to the ONNX tensor names onnx2tf started from
     (best effort, see ``quant.litert.onnx_names``). ``int16x8`` is None when TensorFlow has no
     16x8 kernel for some op; ``notes`` then says which.
@@ -137,10 +141,9 @@ def convert_tflite(
         start = time.monotonic()
         _run_tool(
             [
-                str(toolenv.bin_dir(env_dir) / "onnx2tf"),
-                "-i",
+                str(toolenv.python_path(env_dir)),
+                str(SAVED_MODEL_SCRIPT),
                 str(onnx_path),
-                "-o",
                 str(saved_model),
             ],
             scratch,
@@ -151,8 +154,7 @@ def convert_tflite(
             isolate,
         )
         onnx2tf_s = time.monotonic() - start
-        float_file = saved_model / f"{onnx_path.stem}_float32.tflite"
-        if not (saved_model / "saved_model.pb").is_file() or not float_file.is_file():
+        if not (saved_model / "saved_model.pb").is_file():
             raise TfliteConversionError(
                 f"onnx2tf wrote no saved_model for {onnx_path.name} "
                 f"(full log: {work_dir / ONNX2TF_LOG})"
@@ -160,7 +162,8 @@ def convert_tflite(
         calib_file = scratch / "calibration.npz"
         np.savez(calib_file, **calib)
         int8, int16x8 = work_dir / INT8_NAME, work_dir / INT16X8_NAME
-        for stale in (int8, int16x8):
+        float32 = work_dir / FLOAT32_NAME
+        for stale in (int8, int16x8, float32):
             stale.unlink(missing_ok=True)
         start = time.monotonic()
         output = _run_tool(
@@ -169,6 +172,8 @@ def convert_tflite(
                 str(TF_CONVERT_SCRIPT),
                 str(saved_model),
                 str(calib_file),
+                "--float32",
+                str(float32),
                 "--int8",
                 str(int8),
                 "--int16x8",
@@ -182,16 +187,15 @@ def convert_tflite(
             isolate,
         )
         quantize_s = time.monotonic() - start
-        if not int8.is_file():
+        if not int8.is_file() or not float32.is_file():
             raise TfliteConversionError(
-                f"the quantizing converter wrote no {INT8_NAME} "
+                f"the TFLite converter wrote no {INT8_NAME} or {FLOAT32_NAME} "
                 f"(full log: {work_dir / QUANTIZE_LOG})"
             )
         notes = tuple(
             ln.removeprefix("warning: ") for ln in output.splitlines() if ln.startswith("warning: ")
         )
         notes += _smoke_run((int8, int16x8), {name: array[:1] for name, array in calib.items()})
-        shutil.copyfile(float_file, work_dir / FLOAT32_NAME)
         tensor_map = work_dir / TENSOR_MAP_NAME
         tensor_map.write_text(
             json.dumps(parse_tensor_map(_read(work_dir / ONNX2TF_LOG)), indent=1) + "\n"
@@ -201,7 +205,7 @@ def convert_tflite(
     return TfliteArtifacts(
         int8=int8,
         int16x8=int16x8 if int16x8.is_file() else None,
-        float32=work_dir / FLOAT32_NAME,
+        float32=float32,
         tensor_map=tensor_map,
         onnx2tf_log=work_dir / ONNX2TF_LOG,
         quantize_log=work_dir / QUANTIZE_LOG,

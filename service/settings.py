@@ -29,7 +29,10 @@ class Settings(BaseSettings):
     max_parameters: int = Field(DEFAULT_MAX_PARAMETERS, ge=1)  # of an uploaded model
     workers: int = Field(1, ge=1)  # concurrent conversion processes
     job_timeout_s: float = Field(1800, gt=0)
-    job_memory_mb: int = Field(6144, ge=0)  # address-space limit of a job process; 0 = none
+    # Address-space limit of a job process (0 = none). Address space, not resident memory: torch,
+    # ONNX Runtime and TensorFlow reserve far more than they touch. BERT-base (110 M parameters)
+    # ran out at 6144 MB while writing its opset-17 copy (benchmarks/results/hf_scale.md).
+    job_memory_mb: int = Field(12288, ge=0)
     max_attempts: int = Field(2, ge=1)  # runs of a job interrupted by a server crash
     auth: Literal["tokens", "none"] = "tokens"
     # "local": the embedded queue (job processes of the API server, nothing else to run);
