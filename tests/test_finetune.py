@@ -16,6 +16,7 @@ from converters import OnlineNormError, fold_norms
 from edge_un import data
 from edge_un.finetune import (
     FinetuneRecipe,
+    distill,
     finetune_metadata,
     inference_statistics,
     make_int8_ready,
@@ -27,6 +28,7 @@ from edge_un.finetune import (
 from edge_un.training import fit
 from service.cli import main as cli_main
 
+from . import norm_statistics
 from .builders import model_inputs, trained_small_model
 
 FAST = FinetuneRecipe(epochs=2, batch_size=32, lr=2e-3)
@@ -76,6 +78,49 @@ def test_migrate_without_labels_distils_only(checkpoints, digits) -> None:
     assert result.val_agreement > result.extras["initial_agreement"]
     with pytest.raises(ValueError, match="no LayerNorm to migrate"):
         migrate(checkpoints["un"].model, x, progress=False, log=None)
+
+
+def test_keep_best_ends_on_the_epoch_that_agreed_best_with_the_teacher(checkpoints, digits):
+    """A student that starts as its teacher's copy agrees 100 %; a learning rate far too high
+    then wrecks it. keep_best must hand back the starting weights (epoch 0), the last epoch
+    otherwise."""
+    import copy
+
+    x, y, vx, vy = _parts(digits)
+    teacher = copy.deepcopy(checkpoints["un"].model)  # distill freezes its teacher
+    wreck = FinetuneRecipe(epochs=2, batch_size=64, lr=3.0, weight_decay=0.0)
+    runs = {}
+    for keep_best in (False, True):
+        student = copy.deepcopy(checkpoints["un"].model)
+        runs[keep_best] = distill(
+            student, teacher, x, y, recipe=FinetuneRecipe(**{**wreck.to_dict(),
+            "keep_best": keep_best}), val_inputs=vx, val_labels=vy, progress=False, log=None,
+        )  # fmt: skip
+    assert runs[False].kept is None and runs[False].val_agreement < 0.9  # it did wreck it
+    kept = runs[True]
+    assert kept.kept is not None and kept.kept.epoch == 0 and kept.val_agreement == 1.0
+    for name, value in teacher.state_dict().items():
+        assert torch.equal(kept.model.state_dict()[name], value), name
+    with torch.no_grad():
+        assert torch.equal(kept.model.eval()(vx).argmax(-1), teacher.eval()(vx).argmax(-1))
+
+
+@pytest.mark.parametrize(("threshold", "polished"), [(0.0, True), (1.01, False)])
+def test_a_nearly_intact_swap_is_polished_at_the_lower_rate(
+    checkpoints, digits, monkeypatch, threshold, polished
+) -> None:
+    import sys
+
+    # the module, not the function edge_un.finetune re-exports under the same name
+    monkeypatch.setattr(sys.modules["edge_un.finetune.migrate"], "INTACT_AGREEMENT", threshold)
+    x, y, vx, vy = _parts(digits)
+    lines: list[str] = []
+    result = migrate(
+        checkpoints["ln"].model, x, y, recipe=FinetuneRecipe(epochs=1, lr=2e-3),
+        val_inputs=vx, val_labels=vy, polish_lr=1e-4, progress=False, log=lines.append,
+    )  # fmt: skip
+    assert result.recipe.lr == (1e-4 if polished else 2e-3)
+    assert any("polishing at lr 0.0001" in line for line in lines) == polished
 
 
 def test_checkpoint_records_source_recipe_and_accuracies(checkpoints, digits, tmp_path) -> None:
@@ -146,9 +191,27 @@ def test_recalibrate_changes_only_inference_statistics(family: str, kind: str) -
     assert changed, "no inference statistic moved"
     assert changed <= set(stats_before)  # weights, windows, step counters: bit-identical
     assert set(report.layers) == {k.rsplit(".", 1)[0] for k in stats_before}
-    mean_before = np.mean([t.tid_before for t in report.layers.values()])
-    mean_after = np.mean([t.tid_after for t in report.layers.values()])
-    assert mean_after < mean_before
+    # Recomputed from the activations: the recalibrated model's forward feeds each norm what the
+    # recalibration saw (every upstream norm already recalibrated; a norm's own statistics do not
+    # change its input). Its new statistics are those of all batches' tokens pooled (every batch
+    # has as many non-pad tokens), and TID is measured against the old and the new ones.
+    batches = norm_statistics.recalibration_batches(inputs, 4, 16)
+    seen = [norm_statistics.norm_inputs(model, batch) for batch in batches]
+    tid_before, tid_after = [], []
+    for name, tid in report.layers.items():
+        centre = norm_statistics.centred(model.get_submodule(name))
+        statistics = [norm_statistics.batch_statistics(s[name], centre) for s in seen]
+        mean, var = norm_statistics.batch_statistics(torch.cat([s[name] for s in seen]), centre)
+        close = {"rtol": 1e-5, "atol": 1e-6}
+        if centre:
+            torch.testing.assert_close(after[f"{name}.running_mean"].double(), mean, **close)
+        torch.testing.assert_close(after[f"{name}.running_var"].double(), var, **close)
+        old_mean = state[f"{name}.running_mean"] if centre else None
+        tid_before.append(norm_statistics.tid(statistics, old_mean, state[f"{name}.running_var"]))
+        tid_after.append(norm_statistics.tid(statistics, mean, var))
+        assert tid.tid_before == pytest.approx(tid_before[-1], rel=1e-4), name
+        assert tid.tid_after == pytest.approx(tid_after[-1], rel=1e-4, abs=1e-7), name
+    assert np.mean(tid_after) < 0.5 * np.mean(tid_before)
 
 
 def test_cli_migrate_from_npz_and_finetune_int8_ready(checkpoints, digits, tmp_path, capsys):

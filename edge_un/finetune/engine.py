@@ -12,6 +12,7 @@ batch takes the same rows of each.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -54,6 +55,10 @@ class FinetuneRecipe:
     clip_grad_norm: float = 1.0
     shift: int = 0  # random translation of images by up to this many pixels
     seed: int = 0
+    # Keep the epoch (0: the student as it started) whose validation agreement with the teacher
+    # is highest, instead of the last: a short fine-tune of a nearly intact student can only
+    # drift from its teacher, and validation says when it did.
+    keep_best: bool = False
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "lr", "temperature"):
@@ -86,14 +91,20 @@ class FinetuneResult:
     total_steps: int
     norm_warmup_iters: dict[str, int] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    # The epoch whose weights ``model`` holds (0: as it started); None: the last one.
+    kept: EpochRecord | None = None
+
+    @property
+    def final(self) -> EpochRecord:
+        return self.kept if self.kept is not None else self.history[-1]
 
     @property
     def val_agreement(self) -> float:
-        return self.history[-1].val_agreement
+        return self.final.val_agreement
 
     @property
     def val_accuracy(self) -> float | None:
-        return self.history[-1].val_accuracy
+        return self.final.val_accuracy
 
     def history_dicts(self) -> list[dict[str, Any]]:
         return [asdict(record) for record in self.history]
@@ -186,7 +197,9 @@ def distill(
     UN/PN warm-up scaled to the run, RBN's penalty when present, ``extra_loss(student)`` after
     every forward. Validation each epoch: student accuracy (with ``val_labels``) and top-1
     agreement with the teacher; without ``val_inputs`` the first 500 training inputs are used
-    for agreement. Raises TrainingDivergedError as soon as the loss is NaN/Inf.
+    for agreement. With ``recipe.keep_best`` the student ends with the weights of the epoch
+    (0: as it started) that agreed best with the teacher on validation. Raises
+    TrainingDivergedError as soon as the loss is NaN/Inf.
     """
     recipe = recipe or FinetuneRecipe()
     inputs = named(inputs)
@@ -218,6 +231,11 @@ def distill(
         optimizer, lambda step: lr_factor(step, warmup_steps, total_steps)
     )
     history: list[EpochRecord] = []
+    best: _Best | None = None
+    if recipe.keep_best:
+        best = _Best(student, _validate(student, teacher_val, val, val_labels, 0, [], []))
+        if log is not None:
+            log(_epoch_line(best.record, recipe.epochs))
     bar = tqdm(total=total_steps, disable=not progress, desc=desc, unit="step")
     try:
         for epoch in range(1, recipe.epochs + 1):
@@ -254,8 +272,16 @@ def distill(
             history.append(_validate(student, teacher_val, val, val_labels, epoch, losses, extras))
             if log is not None:
                 log(_epoch_line(history[-1], recipe.epochs))
+            if best is not None:
+                best.offer(student, history[-1])
     finally:
         bar.close()
+    kept = None
+    if best is not None:
+        kept = best.restore(student)
+        if log is not None:
+            log(f"kept epoch {kept.epoch}: the best agreement with the teacher on validation "
+                f"({kept.val_agreement:.4f})")  # fmt: skip
     student.eval()
     return FinetuneResult(
         model=student,
@@ -265,7 +291,24 @@ def distill(
         total_steps=total_steps,
         norm_warmup_iters=norm_warmup,
         extras={"num_filtered": filtered_counts(student)},
+        kept=kept,
     )
+
+
+class _Best:
+    """The weights (parameters and buffers) of the best epoch so far; a later epoch wins ties."""
+
+    def __init__(self, model: nn.Module, record: EpochRecord) -> None:
+        self.record = record
+        self.state = copy.deepcopy(model.state_dict())
+
+    def offer(self, model: nn.Module, record: EpochRecord) -> None:
+        if record.val_agreement >= self.record.val_agreement:
+            self.record, self.state = record, copy.deepcopy(model.state_dict())
+
+    def restore(self, model: nn.Module) -> EpochRecord:
+        model.load_state_dict(self.state)
+        return self.record
 
 
 def _validate(
@@ -280,15 +323,18 @@ def _validate(
     logits = predict(student, val_inputs)
     return EpochRecord(
         epoch=epoch,
-        train_loss=sum(losses) / len(losses),
-        extra_loss=sum(extras) / len(extras),
+        train_loss=sum(losses) / len(losses) if losses else 0.0,
+        extra_loss=sum(extras) / len(extras) if extras else 0.0,
         val_accuracy=None if val_labels is None else accuracy_of(logits, val_labels),
         val_agreement=agreement(logits, teacher_val),
     )
 
 
 def _epoch_line(record: EpochRecord, epochs: int) -> str:
-    line = f"epoch {record.epoch}/{epochs}: loss {record.train_loss:.4f}"
+    if record.epoch == 0:
+        line = f"epoch 0/{epochs}: before fine-tuning"
+    else:
+        line = f"epoch {record.epoch}/{epochs}: loss {record.train_loss:.4f}"
     if record.extra_loss:
         line += f", extra {record.extra_loss:.4f}"
     if record.val_accuracy is not None:

@@ -61,6 +61,8 @@ def finetune_metadata(
         **extras,
         "history": result.history_dicts(),
     }
+    if result.kept is not None:
+        metadata["finetune"]["kept_epoch"] = result.kept.epoch
     metadata["recipe"] = recipe
     metadata["source"] = {
         "path": source,
