@@ -5,6 +5,7 @@ Hugging Face model directory and write the same kind."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -71,6 +72,11 @@ Threads = Annotated[int | None, typer.Option(help="torch CPU threads.")]
 Quiet = Annotated[bool, typer.Option("--quiet", help="No progress bar.")]
 
 
+def _bars(quiet: bool) -> bool:
+    """tqdm bars on a terminal only: piped to a log they would be thousands of redraws."""
+    return not quiet and sys.stderr.isatty()
+
+
 def _set_threads(threads: int | None) -> None:
     if threads:
         import torch
@@ -135,7 +141,7 @@ def train(
         seed=seed,
         norm_first=not post_norm,
         out=out,
-        progress=not quiet,
+        progress=_bars(quiet),
     )
     output.stdout().print(f"wrote {result.path} (test accuracy {result.test_accuracy:.4f})")
     return 0
@@ -242,7 +248,7 @@ def _finetune_job(
         recalibrate_batches=params["recalibrate"] or 0,
         job_options=job_options,
         argv=recorded,
-        progress=not params["quiet"],
+        progress=_bars(params["quiet"]),
         log=None if params["quiet"] else console.print,
     )
     console.print(f"wrote {path} ({_scores(metadata)})")
