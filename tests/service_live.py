@@ -378,3 +378,41 @@ def upload_fast(client: httpx.Client, *, targets: str = "cpu") -> httpx.Response
     with contextlib.ExitStack() as stack:
         parts = {k: (p.name, stack.enter_context(p.open("rb"))) for k, p in files.items()}
         return client.post("/v1/conversions", files=parts, data={"targets": targets})
+
+
+# Another test-only hook of the same kind: every job process of a server started with
+# ``hold_hook(...)`` waits, right after recording its first stage, for as long as the file
+# EDGE_UN_TEST_HOLD_WHILE names exists (10 minutes at most): a test then knows a job is
+# running, and stays running, until it removes the file.
+_HOLD_HOOK = """\
+import os
+import time
+
+_HOLD = os.environ.get("EDGE_UN_TEST_HOLD_WHILE")
+if _HOLD:
+    try:
+        from service import worker as _worker
+    except Exception:  # another interpreter (a tool's own environment): nothing to hook
+        _worker = None
+    if _worker is not None:
+        _record = _worker.Progress.__call__
+
+        def _call(self, stage, fraction):
+            _record(self, stage, fraction)
+            deadline = time.monotonic() + 600
+            while os.path.exists(_HOLD) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+        _worker.Progress.__call__ = _call
+"""
+
+
+def hold_hook(folder: Path) -> tuple[dict[str, str], Path]:
+    """The environment of a server whose job processes wait while the returned file exists
+    (it is created here; remove it to let them go on)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_HOLD_HOOK)
+    hold = folder / "hold"
+    hold.touch()
+    paths = [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(paths), "EDGE_UN_TEST_HOLD_WHILE": str(hold)}, hold

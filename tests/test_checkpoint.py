@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,27 +156,70 @@ def test_non_finite_tensor_is_named(tmp_path: Path, saved: Path, value: float) -
         edge_un.load_checkpoint(_rewrite(saved, tmp_path / "nan.safetensors", tensors=tensors))
 
 
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+FORGED_CONFIGS = [
+    {"dim": 32768, "heads": 2},  # ~13 billion parameters in the MLPs and qkv
+    {"img_size": 2**16, "patch_size": 2},  # a billion-entry position embedding
+    {"depth": 10**7},  # ten million blocks: costly to build even on the meta device
+]
+
+# Loads each file given in a child forked from a fresh interpreter that has imported edge_un:
+# a forked child's peak RSS starts at its parent's current RSS (not at any earlier peak), so
+# ru_maxrss after the load minus before it is what the load itself took. Address space is
+# capped 1 GiB above the start, so a load that did allocate fails fast instead of swapping.
+_LOAD_IN_FRESH_PROCESS = """
+import json, os, resource, sys
+import edge_un
+
+for path in sys.argv[1:]:
+    read, write = os.pipe()
+    if os.fork() == 0:
+        os.close(read)
+        with open("/proc/self/statm") as statm:
+            size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, resource.RLIM_INFINITY))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        try:
+            edge_un.load_checkpoint(path)
+            error = None
+        except BaseException as caught:
+            error = [type(caught).__name__, str(caught)]
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        os.write(write, json.dumps({"error": error, "peak_kib": peak}).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as stream:
+        print(stream.read() or json.dumps({"error": ["child died", ""], "peak_kib": -1}))
+    os.wait()
+"""
 
 
-@pytest.mark.parametrize(
-    "forged",
-    [
-        {"dim": 32768, "heads": 2},  # ~13 billion parameters in the MLPs and qkv
-        {"img_size": 2**16, "patch_size": 2},  # a billion-entry position embedding
-        {"depth": 10**7},  # ten million blocks: costly to build even on the meta device
-    ],
-)
-def test_forged_config_is_refused_before_allocating(tmp_path: Path, saved: Path, forged) -> None:
-    header = _header(saved)
-    header["arguments"].update(forged)
-    path = _rewrite(saved, tmp_path / "forged.safetensors", header=header)
-    before = _peak_rss_bytes()
-    with pytest.raises((edge_un.TensorMismatchError, edge_un.ConfigMismatchError)) as error:
-        edge_un.load_checkpoint(path)
-    assert "\n" not in str(error.value)
-    assert _peak_rss_bytes() - before < 256 * 2**20
+@pytest.fixture(scope="module")
+def forged_loads(tmp_path_factory) -> list[dict]:
+    """load_checkpoint of each FORGED_CONFIGS file, measured in one fresh interpreter (this
+    process's all-time peak RSS, set by earlier tests, could not move)."""
+    folder = tmp_path_factory.mktemp("forged")
+    saved = edge_un.save_checkpoint(trained_small_model("vit", "un"), folder / "vit.safetensors")
+    paths = []
+    for index, forged in enumerate(FORGED_CONFIGS):
+        header = _header(saved)
+        header["arguments"].update(forged)
+        paths.append(str(_rewrite(saved, folder / f"forged{index}.safetensors", header=header)))
+    result = subprocess.run(
+        [sys.executable, "-c", _LOAD_IN_FRESH_PROCESS, *paths],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("index", range(len(FORGED_CONFIGS)))
+def test_forged_config_is_refused_before_allocating(forged_loads, index: int) -> None:
+    load = forged_loads[index]
+    assert load["error"] is not None, FORGED_CONFIGS[index]
+    kind, message = load["error"]
+    assert kind in ("TensorMismatchError", "ConfigMismatchError"), load
+    assert message.startswith(f"forged{index}.safetensors: ") and "\n" not in message
+    assert 0 <= load["peak_kib"] < 256 * 1024, load  # the load itself took < 256 MiB
 
 
 def test_config_with_arguments_the_architecture_does_not_take(tmp_path: Path, saved) -> None:

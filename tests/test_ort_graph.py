@@ -118,6 +118,13 @@ def test_the_cpu_file_with_the_speed_rewrites_stays_within_the_bars(vit: dict) -
     quantize_onnx(vit["fp32"], path, CPU, vit["calibration"])
     evaluation = vit["evaluation"]
     reference = onnx_runner(vit["fp32"])(evaluation.inputs)
-    drift = measure_drift(reference, onnx_runner(path)(evaluation.inputs), evaluation.labels)
-    assert drift.agreement >= DEFAULT_MIN_AGREEMENT, drift
+    # The bar on the file's exact arithmetic (what the pipeline's bars act on), the same on
+    # every host; and on this host's fused int8 kernels, which the rewrites are for: 7-bit
+    # weights cannot saturate ORT's AVX2 kernels without VNNI either (tests/test_int8_hosts.py
+    # runs the cpu file on an emulated Haswell), so this bound holds there too.
+    exact = onnx_runner(path, exact=True)(evaluation.inputs)
+    host = onnx_runner(path)(evaluation.inputs)
+    for outputs in (exact, host):
+        drift = measure_drift(reference, outputs, evaluation.labels)
+        assert drift.agreement >= DEFAULT_MIN_AGREEMENT, drift
     assert ops(onnx.load(str(path)))["Gemm"] >= 16

@@ -18,12 +18,15 @@ import psutil
 import pytest
 
 from edge_un import examples
+from service import jobs as job_records
+from service.db import session_scope
 
 from .service_live import (
     ROOT,
     LiveServer,
     ServiceMode,
     fast_job_files,
+    hold_hook,
     job_processes,
     upload,
     upload_fast,
@@ -59,6 +62,7 @@ def runs_by_worker(server: LiveServer, expected: int) -> dict[str, list[tuple[st
         }
         if sum(map(len, runs.values())) >= expected or time.monotonic() > deadline:
             return runs
+        time.sleep(0.2)
 
 
 def worker_running(server: LiveServer, job_id: str) -> int:
@@ -68,7 +72,32 @@ def worker_running(server: LiveServer, job_id: str) -> int:
     return next(i for i, w in enumerate(server.workers) if w.process.pid == parent)
 
 
-def test_ten_conversions_from_five_clients_on_two_workers(cluster):
+@pytest.fixture
+def held_cluster(tmp_path, celery_mode):
+    """The API and two workers whose job processes wait, once started, while the returned
+    file exists."""
+    fast_job_files()
+    env, hold = hold_hook(tmp_path / "hook")
+    server = celery_mode.server(tmp_path / "data", EDGE_UN_WORKERS="2", **env).start()
+    yield server, hold
+    hold.unlink(missing_ok=True)
+    server.stop()
+
+
+def running_on(server: LiveServer, count: int, timeout: float = 120) -> set[int]:
+    """The workers (indices) of the jobs running once ``count`` of them run at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with session_scope(server.settings) as session:
+            running = [(job.id, job.pid) for job in job_records.running(session)]
+        if len(running) >= count and all(pid for _, pid in running):
+            return {worker_running(server, job_id) for job_id, _ in running}
+        assert time.monotonic() < deadline, f"not {count} jobs running at once: {running}"
+        time.sleep(0.2)
+
+
+def test_ten_conversions_from_five_clients_on_two_workers(held_cluster):
+    cluster, hold = held_cluster
     secrets = [cluster.token(f"client-{i}") for i in range(CLIENTS)]
 
     def client_run(secret: str) -> list[dict]:
@@ -81,7 +110,14 @@ def test_ten_conversions_from_five_clients_on_two_workers(cluster):
             return done
 
     with ThreadPoolExecutor(CLIENTS) as pool:
-        jobs = [job for done in pool.map(client_run, secrets) for job in done]
+        results = pool.map(client_run, secrets)
+        # Every job waits once it started: a worker runs one at a time, so two running at once
+        # are one on each worker, whatever order the broker hands them out in. Then all go on.
+        try:
+            assert running_on(cluster, 2) == {0, 1}
+        finally:
+            hold.unlink()
+        jobs = [job for done in results for job in done]
     ids = {job["id"] for job in jobs}
     assert len(ids) == CLIENTS * JOBS_EACH
     assert all(job["attempts"] == 1 for job in jobs)

@@ -18,11 +18,11 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, select, text
+from sqlalchemy import inspect, select, text, update
 from sqlalchemy.orm import Session
 
 from service import jobs, tokens
-from service.db import Base, Token, get_engine, session_scope, upgrade
+from service.db import Base, Job, Token, get_engine, session_scope, upgrade
 from service.db.migrate import alembic_config
 from service.settings import Settings
 from service.storage import LocalArtifactStore
@@ -220,6 +220,81 @@ def test_tokens_are_stored_hashed_and_revocable(settings):
     assert [t.name for t in tokens.list_tokens(settings)] == ["ci"]
     with pytest.raises(KeyError):
         tokens.revoke_token(settings, 999)
+
+
+# -- Celery mode: runs prove they are alive; silent ones are taken back --------------------
+LEASE_S = 60.0
+
+
+def _claim_by_id(settings: Settings, job_id: str, max_attempts: int = 2):
+    with session_scope(settings) as session:
+        return jobs.claim(session, job_id, LEASE_S, max_attempts)
+
+
+def _silence(settings: Settings, job_id: str) -> None:
+    """Make a running job's last sign of life (heartbeat and start) an hour old, as if its
+    worker had died then: no waiting out a real lease."""
+    then = datetime.now(UTC) - timedelta(hours=1)
+    with session_scope(settings) as session:
+        session.execute(
+            update(Job).where(Job.id == job_id).values(heartbeat_at=then, started_at=then)
+        )
+
+
+def _lost_message(attempts: int, limit: int) -> str:
+    return (
+        f"its worker was lost while this job ran, {attempts} time(s) (the limit is {limit}); "
+        "submit it again"
+    )
+
+
+def test_a_heartbeat_keeps_a_run_alive_and_only_its_own_attempt_beats(settings):
+    (job_id,) = _queue(settings, 1)
+    first = _claim_by_id(settings, job_id)
+    assert first == jobs.Claim(job_id, 1)
+    _silence(settings, job_id)
+    with session_scope(settings) as session:
+        assert jobs.heartbeat(session, first)  # it beats again: alive
+    with session_scope(settings) as session:
+        assert jobs.recover_lost(session, LEASE_S, max_attempts=2) == ([], [])
+        assert jobs.claim(session, job_id, LEASE_S, 2) == "busy"  # a second delivery waits
+    _silence(settings, job_id)  # then it goes silent for good
+    second = _claim_by_id(settings, job_id)  # a redelivery takes it over
+    assert second == jobs.Claim(job_id, 2)
+    with session_scope(settings) as session:
+        assert not jobs.heartbeat(session, first)  # the old run learns it lost the job
+        assert jobs.heartbeat(session, second)
+        assert jobs.succeed(session, second)
+        assert not jobs.heartbeat(session, second)  # finished: nothing to keep alive
+
+
+def test_recover_lost_queues_silent_runs_again_then_fails_them(settings):
+    silent, alive = _queue(settings, 2)
+    for job_id in (silent, alive):
+        _claim_by_id(settings, job_id)
+    _silence(settings, silent)
+    with session_scope(settings) as session:
+        assert jobs.recover_lost(session, LEASE_S, max_attempts=2) == ([silent], [])
+        assert jobs.state_of(session, silent) == ("queued", 1)
+        assert jobs.state_of(session, alive) == ("running", 1)  # within its lease: left alone
+    assert _claim_by_id(settings, silent) == jobs.Claim(silent, 2)
+    _silence(settings, silent)
+    with session_scope(settings) as session:
+        assert jobs.recover_lost(session, LEASE_S, max_attempts=2) == ([], [silent])
+        job = jobs.get(session, silent, None)
+    assert (job.state, job.attempts) == ("failed", 2) and job.finished_at is not None
+    assert job.error == _lost_message(2, 2)
+
+
+def test_a_claim_of_a_silent_run_that_used_its_attempts_fails_it(settings):
+    (job_id,) = _queue(settings, 1)
+    assert _claim_by_id(settings, job_id, max_attempts=1) == jobs.Claim(job_id, 1)
+    _silence(settings, job_id)
+    assert _claim_by_id(settings, job_id, max_attempts=1) == "gone"  # nothing left to run
+    with session_scope(settings) as session:
+        job = jobs.get(session, job_id, None)
+    assert (job.state, job.attempts, job.error) == ("failed", 1, _lost_message(1, 1))
+    assert _claim_by_id(settings, job_id, max_attempts=1) == "gone"  # and it stays failed
 
 
 def _wait_for_lock_waiters(settings: Settings, count: int, timeout_s: float = 20.0) -> None:

@@ -86,8 +86,43 @@ def test_explicit_norm_kwargs_override_the_presets(digits: data.Dataset) -> None
 
 
 def test_rbn_trains_with_its_penalty(digits: data.Dataset) -> None:
-    result = fit("vit", "tiny", "rbn", "digits", epochs=1, dataset=digits, progress=False, log=None)
-    assert math.isfinite(result.history[0].train_loss)
+    """RBN learns (above chance), its penalty is what RegularizedBN documents, computed here from
+    the layers' inputs and running statistics, a small share of the loss, and fit really adds it:
+    the same run without it (lambda = nu = 0) trains differently."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from edge_un.norms import RegularizedBN, regularization_loss
+
+    kwargs = {"epochs": 2, "dataset": digits, "progress": False, "log": None}
+    result = fit("vit", "tiny", "rbn", "digits", **kwargs)
+    assert result.test_accuracy > 0.25  # chance is 0.1; 0.35 here
+    assert all(math.isfinite(r.train_loss) for r in result.history)
+    net = copy.deepcopy(result.model).train()
+    layers = {n: m for n, m in net.named_modules() if isinstance(m, RegularizedBN)}
+    assert len(layers) == 5  # 2 blocks x 2 norms + the final norm
+    running = {n: (m.running_mean.clone(), m.running_var.clone()) for n, m in layers.items()}
+    seen: dict[str, torch.Tensor] = {}
+    for name, layer in layers.items():
+        layer.register_forward_pre_hook(lambda _, args, name=name: seen.update({name: args[0]}))
+    inputs, labels = digits.part("train")
+    task = F.cross_entropy(net(inputs[:128]), labels[:128]).item()
+    penalty = regularization_loss(net).item()
+    by_hand = 0.0
+    for name, layer in layers.items():
+        tokens = seen[name].detach().double().reshape(-1, seen[name].shape[-1])
+        mean, var = running[name]
+        batch_std = torch.sqrt(tokens.var(0, unbiased=False) + layer.eps)
+        std = torch.sqrt(var.double() + layer.eps)
+        by_hand += layer.lambda_mean * (tokens.mean(0) - mean.double()).square().sum().item()
+        by_hand += layer.nu_std * (batch_std - std).square().sum().item()
+    assert penalty == pytest.approx(by_hand, rel=1e-4)
+    assert 1e-6 < penalty / (task + penalty) < 0.01  # there, and small beside the task loss
+    without = fit("vit", "tiny", "rbn", "digits", norm_kwargs={"lambda_mean": 0.0, "nu_std": 0.0},
+                  **kwargs)  # fmt: skip
+    assert [r.train_loss for r in without.history] != [r.train_loss for r in result.history]
+    assert not torch.equal(without.model.head.weight, result.model.head.weight)
 
 
 def test_nan_stops_training_with_clear_message(digits: data.Dataset) -> None:

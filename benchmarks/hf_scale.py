@@ -1,0 +1,212 @@
+"""Converting the Hugging Face models people deploy: BERT-base and ViT-B/16 sizes, every target.
+
+    .venv/bin/python benchmarks/hf_scale.py                # ~1 h on 2 cores
+    .venv/bin/python benchmarks/hf_scale.py --report-only  # Markdown and plot from the JSON
+
+Random weights (timing and memory only; accuracy needs trained models): a
+``BertForSequenceClassification`` of BERT-base's size (hidden 768, 12 layers, 12 heads, FFN
+3072, vocab 30522, 110 M parameters, sequence 128, inputs ``input_ids`` + ``attention_mask``) and
+a ``ViTForImageClassification`` of ViT-B/16's (224 x 224 RGB, patch 16, 86 M parameters), each
+with UN in place of LayerNorm (``edge_un.swap_layernorm``), exported as users do
+(``torch.onnx.export`` defaults, batch 1), converted by ``edge-un convert`` for every target
+with the HTTP service's default job limits: address space ``EDGE_UN_JOB_MEMORY_MB`` and wall
+time ``EDGE_UN_JOB_TIMEOUT_S`` (``service.settings``). Each conversion runs in
+``benchmarks/latency_stages.py`` (a process of its own): stage wall times from the progress
+callback, peak RSS of the process tree sampled every 0.2 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from results_main import RESULTS, benchmark_main
+
+import edge_un
+from quant.host import describe_host
+from service.settings import Settings
+
+NAME = "hf_scale"
+STAGES = Path(__file__).resolve().parent / "latency_stages.py"
+CALIBRATION, EVALUATION = 64, 100  # the pipeline's minimum for evaluation is 100
+# Random weights have no accuracy to keep: their near-tied logits would send every target through
+# the whole 16-bit fallback (cpu: 4, 8, ... every tensor, each step a new quantization and exact
+# evaluation). Bars off, so each target is built and measured once, as a model that passes is.
+NO_BARS = ["--max-drift", "100", "--min-agreement", "0"]
+SEQUENCE = 128
+
+
+def bert_base() -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    model = BertForSequenceClassification(BertConfig(num_labels=2))  # BERT-base's defaults
+    rng = np.random.default_rng(0)
+    count = CALIBRATION + EVALUATION
+    ids = rng.integers(1000, 30000, (count, SEQUENCE))
+    lengths = rng.integers(16, SEQUENCE + 1, count)
+    mask = (np.arange(SEQUENCE)[None, :] < lengths[:, None]).astype(np.int64)
+    return model, {"input_ids": ids * mask, "attention_mask": mask}
+
+
+def vit_base() -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    model = ViTForImageClassification(ViTConfig(num_labels=1000))  # ViT-B/16's defaults
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((CALIBRATION + EVALUATION, 3, 224, 224), dtype=np.float32)
+    return model, {"pixel_values": images}
+
+
+MODELS = {"bert-base": bert_base, "vit-b16": vit_base}
+ONLY = [m for m in os.environ.get("EDGE_UN_BENCH_MODELS", "").split(",") if m]  # a subset
+
+
+def prepare(name: str, work: Path) -> tuple[Path, Path, Path, int]:
+    """(ONNX file, calibration .npz, evaluation .npz, parameters) of one model."""
+    torch.manual_seed(0)
+    model, data = MODELS[name]()
+    edge_un.swap_layernorm(model, kind="un")
+    model.eval()
+    parameters = sum(p.numel() for p in model.parameters())
+    example = tuple(torch.from_numpy(array[:1]) for array in data.values())
+    onnx_path = work / f"{name}.onnx"
+    with contextlib.redirect_stdout(io.StringIO()):
+        torch.onnx.export(model, example, onnx_path, input_names=list(data))
+    labels = np.zeros(CALIBRATION + EVALUATION, np.int64)
+    calib, evaluation = work / f"{name}-calib.npz", work / f"{name}-eval.npz"
+    np.savez(calib, **{k: v[:CALIBRATION] for k, v in data.items()})
+    np.savez(evaluation, **{k: v[CALIBRATION:] for k, v in data.items()},
+             labels=labels[CALIBRATION:])  # fmt: skip
+    return onnx_path, calib, evaluation, parameters
+
+
+def convert(onnx_path: Path, calib: Path, evaluation: Path, work: Path, settings: Settings) -> dict:
+    """One conversion, all targets, under the service's job limits."""
+    result = work / f"{onnx_path.stem}-stages.json"
+    limit = settings.job_memory_mb * 1024 * 1024
+
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(STAGES), str(onnx_path), str(work / f"{onnx_path.stem}-out"),
+             str(result), "--calib", str(calib), "--eval", str(evaluation), *NO_BARS],
+            preexec_fn=limits, capture_output=True, text=True, timeout=settings.job_timeout_s,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"error": f"over the job timeout ({settings.job_timeout_s} s)"}
+    wall = time.perf_counter() - start
+    if proc.returncode != 0 or not result.exists():
+        lines = proc.stderr.strip().splitlines() or ["no output"]
+        return {"error": f"exit {proc.returncode}: {lines[-1]}", "wall_s": wall,
+                "log_tail": lines[-40:]}  # fmt: skip
+    return {**json.loads(result.read_text()), "wall_s": wall}
+
+
+def run() -> dict[str, Any]:
+    settings = Settings()
+    results: dict[str, Any] = {
+        "host": describe_host().model_dump(),
+        "limits": {
+            "job_memory_mb": settings.job_memory_mb,
+            "job_timeout_s": settings.job_timeout_s,
+        },
+        "models": {},
+    }
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        for name in [m for m in MODELS if m in ONLY] if ONLY else MODELS:
+            print(f"{name}: export", flush=True)
+            onnx_path, calib, evaluation, parameters = prepare(name, work)
+            print(f"{name}: convert ({parameters:,} parameters)", flush=True)
+            entry = convert(onnx_path, calib, evaluation, work, settings)
+            entry["parameters"] = parameters
+            files = [onnx_path, onnx_path.with_name(onnx_path.name + ".data")]
+            entry["onnx_mb"] = sum(f.stat().st_size for f in files if f.exists()) / 2**20
+            results["models"][name] = entry
+            print(f"{name}: {entry.get('wall_s', 0):.0f} s, {entry.get('error', 'ok')}", flush=True)
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    from quant.report import Host
+
+    host = Host.model_validate(results["host"])
+    limits = results["limits"]
+    lines = [
+        "# Converting BERT-base- and ViT-B/16-sized Hugging Face models, every target",
+        "",
+        f"Made by `benchmarks/hf_scale.py` on {host.label()}, random weights, UN in place of "
+        f"LayerNorm, `torch.onnx.export` defaults, batch 1; {CALIBRATION} calibration and "
+        f"{EVALUATION} evaluation samples; drift bars off (random weights have no accuracy to "
+        "keep: each target is built and measured once, with no 16-bit fallback; one fallback "
+        "step costs about what a target's quantize stage costs); under the service's default "
+        f"job limits (address space {limits['job_memory_mb']} MB, {limits['job_timeout_s']} s).",
+        "",
+        "| model | parameters | ONNX MB | all targets, wall | peak RSS, process tree "
+        "| status per target |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, entry in results["models"].items():
+        if "error" in entry:
+            lines.append(f"| {name} | {entry['parameters']:,} | {entry['onnx_mb']:.0f} | - | - | "
+                         f"failed: {entry['error']} |")  # fmt: skip
+            continue
+        statuses = ", ".join(
+            f"{t}: {v['status']}" + (f" ({v['error']})" if v["error"] else "")
+            for t, v in entry["targets"].items()
+        )
+        lines.append(
+            f"| {name} | {entry['parameters']:,} | {entry['onnx_mb']:.0f} | "
+            f"{entry['wall_s'] / 60:.1f} min | {entry['peak_tree_rss_mb']:.0f} MB | {statuses} |"
+        )
+    lines += ["", "## Stage times (s)", ""]
+    for name, entry in results["models"].items():
+        if "stages" not in entry:
+            continue
+        lines += [f"### {name}", "", "| stage | s |", "|---|---|"]
+        lines += [f"| {s['stage']} | {s['seconds']:.1f} |" for s in entry["stages"]]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, Any]) -> None:
+    models = [n for n, e in results["models"].items() if "stages" in e]
+    if not models:
+        return
+    figure, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5))
+    for axis, name in zip(np.atleast_1d(axes), models, strict=True):
+        targets: dict[str, float] = {}
+        for stage in results["models"][name]["stages"]:
+            target = stage["stage"].split(":")[0] if ":" in stage["stage"] else "load, fold, report"
+            targets[target] = targets.get(target, 0.0) + stage["seconds"]
+        axis.barh(list(targets), list(targets.values()))
+        axis.set_xlabel("seconds")
+        axis.set_title(f"{name}: wall time per target")
+    figure.tight_layout()
+    figure.savefig(RESULTS / f"{NAME}.png", dpi=120)
+
+
+def main() -> None:
+    benchmark_main(NAME, __doc__.splitlines()[0], run, markdown, plot)
+
+
+if __name__ == "__main__":
+    main()

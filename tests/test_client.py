@@ -1,0 +1,248 @@
+"""service.client.Client and ``edge-un submit / jobs / status / download / cancel`` against a
+real server (tests/service_live.py, local queue mode: the client only speaks HTTP, and the
+end-to-end tests cover both queue modes), plus the retry policy on a scripted transport.
+
+The acceptance of issue 21: one command, ``edge-un submit MODEL --wait --download DIR``, gives
+the files and the summary ``convert`` gives, every file checked against the report's sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from edge_un import examples
+from service.api.schemas import JobOut
+from service.client import Client, ServiceError
+
+from .service_live import ROOT, LiveServer, fast_job_files
+from .test_cli import ANSI, run_in_terminal
+
+MODEL = examples.path("vit-mnist-un")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    live = LiveServer(tmp_path_factory.mktemp("client") / "data", EDGE_UN_WORKERS="1").start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def token(server: LiveServer) -> str:
+    return server.token("client")
+
+
+@pytest.fixture(scope="module")
+def finished(server: LiveServer, token: str) -> tuple[JobOut, list[JobOut]]:
+    """One conversion through the client (the fast ONNX job), and what wait() reported."""
+    files = fast_job_files()
+    seen: list[JobOut] = []
+    with Client(server.url, token) as client:
+        job = client.submit(files["model"], targets=["cpu"], calib=files["calib"],
+                            eval=files["eval"])  # fmt: skip
+        assert job.state == "queued" and job.targets == ["cpu"]
+        return client.wait(job.id, progress=seen.append, interval_s=0.2, timeout_s=300), seen
+
+
+class Recording(httpx.HTTPTransport):
+    """The real transport, remembering each request's Range header."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ranges: list[str | None] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.ranges.append(request.headers.get("range"))
+        return super().handle_request(request)
+
+
+def test_client_waits_then_downloads_every_file_checked(server, token, finished, tmp_path):
+    job, seen = finished
+    assert job.state == "succeeded", job.error
+    assert seen[-1] == job and job.percent == 100
+    percents = [j.percent for j in seen]
+    assert percents == sorted(percents), "progress went backwards"
+    transport = Recording()
+    with Client(server.url, token, transport=transport) as client:
+        report = client.report(job.id)
+        listing = {a.name: a.sha256 for a in client.artifacts(job.id)}
+        paths = client.download(job.id, tmp_path)
+        reported = {a.name: a.sha256 for t in report.targets.values() for a in t.artifacts}
+        assert {p.relative_to(tmp_path).as_posix() for p in paths} == set(listing)
+        assert set(reported) <= set(listing) and {"report.json", "report.md"} <= set(listing)
+        for path in paths:
+            name = path.relative_to(tmp_path).as_posix()
+            assert sha256(path) == listing[name] == reported.get(name, listing[name])
+
+        # an interrupted download resumes from where it stopped (Range), and is checked
+        int8 = tmp_path / "cpu" / "model_int8.onnx"
+        whole = int8.read_bytes()
+        int8.unlink()
+        (tmp_path / "cpu" / "model_int8.onnx.part").write_bytes(whole[:1000])
+        transport.ranges.clear()
+        client.download(job.id, tmp_path, names=["cpu/model_int8.onnx"])
+        assert "bytes=1000-" in transport.ranges and int8.read_bytes() == whole
+        # a part that is not the start of this file fails the digest, and is removed
+        int8.unlink()
+        (tmp_path / "cpu" / "model_int8.onnx.part").write_bytes(b"\0" * 1000)
+        with pytest.raises(ServiceError, match="sha256"):
+            client.download(job.id, tmp_path, names=["cpu/model_int8.onnx"])
+        assert not (tmp_path / "cpu" / "model_int8.onnx.part").exists()
+        assert client.download(job.id, tmp_path, names=["cpu/model_int8.onnx"]) == [int8]
+        assert int8.read_bytes() == whole
+        assert "<svg" in client.report_html(job.id)
+        assert client.jobs().items[0].id == job.id
+        assert [j.id for j in client.all_jobs()] == [j.id for j in client.jobs(limit=100).items]
+
+
+def test_errors_carry_the_servers_detail(server, token, finished):
+    job, _ = finished
+    with Client(server.url, token) as client:
+        with pytest.raises(ServiceError) as error:
+            client.job("no-such-job")
+        assert error.value.status == 404 and error.value.problem is not None
+        assert "GET /v1/conversions lists yours" in str(error.value)
+        with pytest.raises(ServiceError) as error:
+            client.submit(MODEL, targets="cpu,npu9000")
+        assert error.value.status == 422 and "npu9000" in error.value.detail
+        with pytest.raises(ServiceError, match="already succeeded"):
+            client.cancel(job.id)
+    with Client(server.url, "eun_not-a-token") as stranger, pytest.raises(ServiceError) as error:
+        stranger.job(job.id)
+    assert error.value.status == 401 and "unknown or revoked" in error.value.detail
+    with Client(server.url, server.token("other")) as other, pytest.raises(ServiceError) as error:
+        other.report(job.id)  # another token's job does not exist for it
+    assert error.value.status == 404
+
+
+def test_cancel_a_running_job(server, token):
+    files = fast_job_files()
+    with Client(server.url, token) as client:
+        job = client.submit(files["model"], targets="cpu", calib=files["calib"],
+                            eval=files["eval"])  # fmt: skip
+        cancelled = client.cancel(job.id)
+        assert cancelled.state == "cancelled" and cancelled.id == job.id
+        assert client.wait(job.id, timeout_s=60).state == "cancelled"
+
+
+def test_retries_503_and_lost_connections_with_backoff() -> None:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.method)
+        if len(calls) == 1:
+            raise httpx.ConnectError("refused", request=request)
+        if len(calls) == 2:
+            return httpx.Response(503, headers={"Retry-After": "3"})
+        if len(calls) == 3:
+            raise httpx.ReadError("connection reset", request=request)
+        return httpx.Response(200, json={"items": [], "total": 0, "limit": 20, "offset": 0,
+                                         "next": None})  # fmt: skip
+
+    waits: list[float] = []
+    said: list[str] = []
+    client = Client("http://edge-un.test", "eun_x", transport=httpx.MockTransport(handler),
+                    sleep=waits.append, on_retry=lambda why, s: said.append(why))  # fmt: skip
+    assert client.jobs().total == 0
+    assert calls == ["GET"] * 4 and waits == [0.5, 3.0, 2.0]  # backoff doubles; Retry-After wins
+    assert said[0].startswith("ConnectError") and said[1] == "HTTP 503"
+
+    # an upload is re-sent after a refused connection, never after one lost mid-request
+    calls.clear()
+
+    def upload(request: httpx.Request) -> httpx.Response:
+        calls.append(request.method)
+        raise httpx.ReadError("connection reset", request=request)
+
+    client = Client("http://edge-un.test", transport=httpx.MockTransport(upload),
+                    sleep=waits.append)  # fmt: skip
+    with pytest.raises(ServiceError, match="ReadError"):
+        client.submit(MODEL)
+    assert calls == ["POST"]
+    # and a server that stays at 503 ends in one error with its problem detail
+    problem = {"title": "Service unavailable", "status": 503, "detail": "the broker is away"}
+    client = Client(
+        "http://edge-un.test",
+        retries=2,
+        sleep=waits.append,
+        transport=httpx.MockTransport(lambda r: httpx.Response(503, json=problem)),
+    )
+    with pytest.raises(ServiceError, match="the broker is away") as error:
+        client.job("abc")
+    assert error.value.status == 503
+
+
+def run_cli(*args: str, server: LiveServer, token: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EDGE_UN_SERVER": server.url,
+           "EDGE_UN_TOKEN": token}  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
+                          text=True, timeout=600, env=env, cwd=ROOT)  # fmt: skip
+
+
+def test_submit_wait_download_is_convert_over_http(server, token, tmp_path):
+    """``edge-un submit MODEL --wait --download DIR`` on a terminal: the job's stages in
+    convert's progress bar, then convert's summary, exit code and files."""
+    out = tmp_path / "out"
+    code, screen = run_in_terminal("submit", str(MODEL), "--target", "cpu", "--wait",
+                                   "--download", str(out), "--server", server.url,
+                                   "--token", token)  # fmt: skip
+    assert code == 0, screen[-3000:]
+    assert "convert: cpu: " in screen and "\x1b[" in screen  # the bar follows the job's stages
+    lines = [ANSI.sub("", line).rstrip("\r").split("\r")[-1] for line in screen.split("\n")]
+    assert next(line for line in lines if line.startswith("cpu ")).split()[1] == "ok"
+    assert any(line.startswith("vit-mnist-un: 1000 evaluation samples") for line in lines)
+    assert f"wrote {out}/ (report.md, report.json, report.html and the artifacts)" in lines
+    assert "Traceback" not in screen
+    from quant.report import Report
+
+    report = Report.read(out / "report.json")
+    written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    made = {a.name: a.sha256 for t in report.targets.values() for a in t.artifacts}
+    # what convert writes: the artifacts the report lists, report.json, .md and .html
+    assert written == set(made) | {"report.json", "report.md", "report.html"}
+    for name, digest in made.items():
+        assert sha256(out / name) == digest, name
+    html = (out / "report.html").read_text()
+    assert "<title>edge-un conversion: vit-mnist-un</title>" in html and "cpu-worst-table" in html
+    # the module names reach the CLI too: `report` shows each worst layer's module
+    details = run_cli("report", str(out), server=server, token=token).stdout.splitlines()
+    cpu = report.targets["cpu"]
+    assert cpu.drift is not None and all(layer.module for layer in cpu.drift.worst_layers)
+    assert any(cpu.drift.worst_layers[0].module in line for line in details)
+
+    job_id = run_cli("jobs", server=server, token=token).stdout.splitlines()[2].split()[0]
+    status = run_cli("status", job_id, server=server, token=token)  # piped: plain text
+    assert status.returncode == 0 and status.stdout.startswith(f"{job_id} succeeded (100 %")
+    summary = status.stdout.splitlines()
+    assert summary[1].startswith("vit-mnist-un: 1000 evaluation samples")
+    drift_row = next(line for line in summary if line.startswith("cpu "))
+    assert drift_row in details  # convert's table, as `edge-un report` prints it too
+    assert "\x1b" not in status.stdout
+    again = tmp_path / "again"
+    fetched = run_cli("download", job_id, "--dir", str(again), server=server, token=token)
+    assert fetched.returncode == 0, fetched.stderr
+    assert {p.relative_to(again).as_posix() for p in again.rglob("*") if p.is_file()} == written
+    assert all(sha256(again / name) == digest for name, digest in made.items())
+
+    # errors: the server's detail in one line, exit 1, no traceback
+    cancel = run_cli("cancel", job_id, server=server, token=token)
+    assert cancel.returncode == 1
+    assert cancel.stderr == (f"edge-un cancel: error: the conversion {job_id} already "
+                             "succeeded: nothing to cancel\n")  # fmt: skip
+    missing = run_cli("status", "nope", server=server, token=token)
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1
+    assert missing.stderr.startswith("edge-un status: error: no conversion 'nope' for this token")
+    unknown = run_cli("submit", str(MODEL), "--target", "npu9000", server=server, token=token)
+    assert unknown.returncode == 1 and "npu9000" in unknown.stderr
+    assert unknown.stderr.count("\n") == 1 and "Traceback" not in unknown.stderr
