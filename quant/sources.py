@@ -67,9 +67,11 @@ def _literal_list(text: str | None) -> list[str]:
 
 
 def _torch_op(target: str) -> str:
-    """``aten.softmax.int`` -> ``softmax``."""
+    """``aten.softmax.int`` -> ``softmax``; ``aten._unsafe_view.default`` -> ``view`` (torch's
+    internal variants read as the op the user wrote)."""
     parts = target.split(".")
-    return parts[1] if len(parts) >= 3 and parts[0] in ("aten", "prims") else parts[-1]
+    op = parts[1] if len(parts) >= 3 and parts[0] in ("aten", "prims") else parts[-1]
+    return op.lstrip("_").removeprefix("unsafe_")
 
 
 def node_source(node: onnx.NodeProto) -> Source | None:

@@ -124,7 +124,7 @@ class Client:
     ) -> None:
         """``retries`` after the first try, waiting ``backoff_s`` doubled each time (at most
         ``max_backoff_s``); ``on_retry(why, seconds)`` before each wait (the CLI says so)."""
-        self.server = server.rstrip("/")
+        self.server = _base_url(server)
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -375,7 +375,9 @@ class Client:
                     resumed = response.status_code == 206 and _range_start(response) == have
                     with partial.open("ab" if resumed else "wb") as out:
                         done = have if resumed else 0
-                        for chunk in response.iter_bytes(CHUNK):
+                        # as it arrives (no chunk size: httpx would hold up to a chunk back,
+                        # and a connection lost meanwhile would lose it for the resume)
+                        for chunk in response.iter_bytes():
                             out.write(chunk)
                             done += len(chunk)
                             if progress is not None:
@@ -398,6 +400,20 @@ class Client:
             )
         partial.replace(path)
         return path
+
+
+def _base_url(server: str) -> str:
+    """``server`` without a trailing slash, refused at once (not retried) unless it is an
+    http(s) address with a host: a typo never waits through the backoff."""
+    try:
+        url = httpx.URL(server)
+    except (httpx.InvalidURL, TypeError):
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.host:
+        raise ServiceError(
+            f"{server[:80]!r} is not a service address: give http://HOST:PORT (or https://)"
+        )
+    return server.rstrip("/")
 
 
 def _job_path(job_id: str) -> str:

@@ -9,9 +9,12 @@ the files and the summary ``convert`` gives, every file checked against the repo
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -118,6 +121,9 @@ def test_errors_carry_the_servers_detail(server, token, finished):
         assert error.value.status == 422 and "npu9000" in error.value.detail
         with pytest.raises(ServiceError, match="already succeeded"):
             client.cancel(job.id)
+    for address in ("not-a-url", "127.0.0.1:8000", "ftp://host/"):  # refused, never retried
+        with pytest.raises(ServiceError, match="is not a service address: give http://"):
+            Client(address, token)
     with Client(server.url, "eun_not-a-token") as stranger, pytest.raises(ServiceError) as error:
         stranger.job(job.id)
     assert error.value.status == 401 and "unknown or revoked" in error.value.detail
@@ -136,51 +142,137 @@ def test_cancel_a_running_job(server, token):
         assert client.wait(job.id, timeout_s=60).state == "cancelled"
 
 
-def test_retries_503_and_lost_connections_with_backoff() -> None:
-    calls: list[str] = []
+RESTARTING = {"title": "Service unavailable", "status": 503, "detail": "the service is restarting"}
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(request.method)
-        if len(calls) == 1:
-            raise httpx.ConnectError("refused", request=request)
-        if len(calls) == 2:
-            return httpx.Response(503, headers={"Retry-After": "3"})
-        if len(calls) == 3:
-            raise httpx.ReadError("connection reset", request=request)
-        return httpx.Response(200, json={"items": [], "total": 0, "limit": 20, "offset": 0,
-                                         "next": None})  # fmt: skip
 
-    waits: list[float] = []
-    said: list[str] = []
-    client = Client("http://edge-un.test", "eun_x", transport=httpx.MockTransport(handler),
-                    sleep=waits.append, on_retry=lambda why, s: said.append(why))  # fmt: skip
-    assert client.jobs().total == 0
-    assert calls == ["GET"] * 4 and waits == [0.5, 3.0, 2.0]  # backoff doubles; Retry-After wins
-    assert said[0].startswith("ConnectError") and said[1] == "HTTP 503"
+class Front:
+    """A real HTTP front on a socket of its own before the live server (a load balancer while
+    the service restarts): the requests whose ``METHOD /path`` contains ``when`` get, in order, what
+    ``script`` says, then every request is forwarded. ``503:N`` a problem+json 503 with
+    ``Retry-After: N`` (``503`` without one), ``drop`` the request read and the connection
+    closed without an answer, ``half`` the server's answer cut off after half its body. Bound
+    at once but listening only after ``listen()``: until then a connection is refused."""
 
-    # an upload is re-sent after a refused connection, never after one lost mid-request
-    calls.clear()
+    def __init__(self, upstream: str, script: list[str], when: str = "") -> None:
+        self.script, self.when = list(script), when
+        self.seen: list[tuple[str, str, str | None]] = []  # method, path, Range
+        front = self
 
-    def upload(request: httpx.Request) -> httpx.Response:
-        calls.append(request.method)
-        raise httpx.ReadError("connection reset", request=request)
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
 
-    client = Client("http://edge-un.test", transport=httpx.MockTransport(upload),
-                    sleep=waits.append)  # fmt: skip
-    with pytest.raises(ServiceError, match="ReadError"):
-        client.submit(MODEL)
-    assert calls == ["POST"]
-    # and a server that stays at 503 ends in one error with its problem detail
-    problem = {"title": "Service unavailable", "status": 503, "detail": "the broker is away"}
-    client = Client(
-        "http://edge-un.test",
-        retries=2,
-        sleep=waits.append,
-        transport=httpx.MockTransport(lambda r: httpx.Response(503, json=problem)),
-    )
-    with pytest.raises(ServiceError, match="the broker is away") as error:
-        client.job("abc")
-    assert error.value.status == 503
+            def handle_one(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else b""
+                front.seen.append((self.command, self.path, self.headers.get("range")))
+                action = "pass"
+                if front.when in f"{self.command} {self.path}" and front.script:
+                    action = front.script.pop(0)
+                if action == "drop":
+                    self.close_connection = True
+                    return
+                if action.startswith("503"):
+                    problem = json.dumps(RESTARTING).encode()
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/problem+json")
+                    if ":" in action:
+                        self.send_header("Retry-After", action.split(":")[1])
+                    self.send_header("Content-Length", str(len(problem)))
+                    self.end_headers()
+                    self.wfile.write(problem)
+                    return
+                hop = ("host", "content-length", "connection")
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in hop}
+                with httpx.Client(base_url=upstream, timeout=60) as client:
+                    answer = client.request(self.command, self.path, headers=headers,
+                                            content=body)  # fmt: skip
+                self.send_response(answer.status_code)
+                for key, value in answer.headers.multi_items():
+                    if key not in ("content-length", "transfer-encoding", "connection",
+                                   "content-encoding", "date", "server"):  # fmt: skip
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                if action == "half":
+                    self.wfile.write(answer.content[: len(answer.content) // 2])
+                    self.close_connection = True
+                    return
+                self.wfile.write(answer.content)
+
+            do_GET = do_POST = do_DELETE = handle_one
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler, bind_and_activate=False)
+        self.httpd.daemon_threads = True
+        self.httpd.server_bind()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.serving = False
+
+    def listen(self) -> None:
+        self.httpd.server_activate()
+        self.serving = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> Front:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.serving:
+            self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_retries_503_and_lost_connections_with_backoff(server, token, finished, tmp_path):
+    """Through a real front before the real server: a refused connection, 503s (Retry-After
+    honoured, else the backoff doubles), a dropped connection; an upload is never re-sent
+    once it may have reached the server; a download cut off mid-body resumes."""
+    job, _ = finished
+    said: list[tuple[str, float]] = []
+    with Front(server.url, ["503:1", "503", "drop"]) as front:
+
+        def retrying(why: str, seconds: float) -> None:
+            said.append((why, seconds))
+            if not front.serving:  # the first try was refused: now the front comes up
+                front.listen()
+
+        with Client(front.url, token, backoff_s=0.1, on_retry=retrying) as client:
+            assert client.job(job.id).state == "succeeded"
+        whys = [why.split(":")[0] for why, _ in said]
+        assert whys == ["ConnectError", "HTTP 503", "HTTP 503", "RemoteProtocolError"], said
+        # the backoff doubles from 0.1 s at each try; the front's Retry-After wins
+        assert [seconds for _, seconds in said] == [0.1, 1.0, 0.4, 0.8], said
+        assert [m for m, _, _ in front.seen] == ["GET"] * 4
+
+    # an upload the front read and dropped is not sent again (the server might have made a job)
+    with Front(server.url, ["drop"], when="POST /v1/conversions") as front, \
+            Client(front.url, token, backoff_s=0.1) as client:  # fmt: skip
+        front.listen()
+        before = client.jobs().total
+        with pytest.raises(ServiceError, match="RemoteProtocolError"):
+            client.submit(MODEL, targets="cpu")
+        assert [m for m, _, _ in front.seen].count("POST") == 1
+        assert client.jobs().total == before
+
+    # a server that stays at 503: one error, with its problem's detail
+    with Front(server.url, ["503"] * 3) as front, \
+            Client(front.url, token, retries=2, backoff_s=0.05) as client:  # fmt: skip
+        front.listen()
+        with pytest.raises(ServiceError, match="the service is restarting") as error:
+            client.job(job.id)
+        assert error.value.status == 503 and len(front.seen) == 3
+
+    # a download answered 503, then cut off half way: resumed from what arrived, checked
+    name = "cpu/model_int8.onnx"
+    with Front(server.url, ["503", "half"], when=f"/artifacts/{name}") as front, \
+            Client(front.url, token, backoff_s=0.05) as client:  # fmt: skip
+        front.listen()
+        (path,) = client.download(job.id, tmp_path, names=[name])
+        ranges = [r for _, p, r in front.seen if p.endswith(name)]
+        size = path.stat().st_size
+        assert ranges == [None, None, f"bytes={size // 2}-"], ranges
+        assert sha256(path) == {a.name: a.sha256 for a in client.artifacts(job.id)}[name]
 
 
 def run_cli(*args: str, server: LiveServer, token: str) -> subprocess.CompletedProcess:
@@ -246,3 +338,8 @@ def test_submit_wait_download_is_convert_over_http(server, token, tmp_path):
     unknown = run_cli("submit", str(MODEL), "--target", "npu9000", server=server, token=token)
     assert unknown.returncode == 1 and "npu9000" in unknown.stderr
     assert unknown.stderr.count("\n") == 1 and "Traceback" not in unknown.stderr
+    typo = run_cli("jobs", "--server", "127.0.0.1:8000", server=server, token=token)
+    assert typo.returncode == 1 and typo.stderr == (
+        "edge-un jobs: error: '127.0.0.1:8000' is not a service address: give "
+        "http://HOST:PORT (or https://)\n"
+    )

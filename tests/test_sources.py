@@ -59,12 +59,16 @@ def test_each_way_a_file_records_its_modules() -> None:
         node("Add", ["softmax_3", "x"], "add",
              **{NAMESPACE: ": Model/blocks.3: Block/add: aten.add.Tensor"}),
         node("Mul", ["add", "x"], "legacy", name="/blocks.3/mlp/Mul"),
+        node("Reshape", ["legacy", "s"], "view_2",
+             **dynamo(["", "blocks.3", "blocks.3.attn", "_unsafe_view_2"],
+                      ["Model", "Block", "Attention", "aten._unsafe_view.default"])),
     ))  # fmt: skip
     assert sources["val_6"] == Source("blocks.3.attn.qkv", "linear", leaf=True)
     assert sources["val_6"].label() == "blocks.3.attn.qkv"  # a Linear is its own path
     assert sources["softmax_3"].label() == "blocks.3.attn.softmax"
     assert sources["add"].label() == "blocks.3.add"
     assert sources["legacy"].label() == "blocks.3.mlp.mul"
+    assert sources["view_2"].label() == "blocks.3.attn.view"  # torch's internal variant
 
 
 def test_unrecorded_nodes_take_their_neighbours_module() -> None:
