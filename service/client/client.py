@@ -1,36 +1,20 @@
-"""A Python client of the conversion service, on httpx, typed with the API's own schemas.
-
-    from service.client import Client
-
-    with Client("http://127.0.0.1:8000", token) as client:
-        job = client.submit("model.safetensors", targets="cpu,imx93")
-        job = client.wait(job.id, progress=lambda job: print(job.stage, job.percent))
-        report = client.report(job.id)              # quant.report.Report
-        paths = client.download(job.id, "out/")     # resumable, checked against the sha256s
-
-Every answer is parsed into the pydantic models the server answers with
-(``service.api.schemas``; the report into ``quant.report.Report``), so a client and a server
-of different versions disagree loudly, at the field. Every error is one ``ServiceError`` that
-carries the server's problem+json (RFC 9457) ``detail``. A 503 and a lost connection are
-retried with exponential backoff (honouring ``Retry-After``); an upload is re-sent only when
-the connection failed before the server could have read it, so a retry never makes two jobs.
-"""
+"""``Client``: the service's HTTP API from Python (see the package's docstring)."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from pydantic import ValidationError
 
-from .api.schemas import ArtifactOut, JobOut, JobPage, Problem, TargetOut
+from ..api.schemas import ArtifactOut, JobOut, JobPage, TargetOut
+from .errors import ServiceError, problem_error, reason
+from .files import inside, range_start, sha256_file, zip_hf_directory
 
 if TYPE_CHECKING:
     from quant.report import Report
@@ -39,70 +23,8 @@ FINISHED = ("succeeded", "failed", "cancelled")
 RETRY_STATUSES = frozenset({503})
 # Reads wait longer than connects: an upload's answer comes after the server checked the files.
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, read=600.0)
-CHUNK = 1 << 20
 Progress = Callable[[JobOut], None]
 FileProgress = Callable[[str, int, int], None]  # artifact name, bytes so far, bytes in all
-
-
-class ServiceError(Exception):
-    """A request the service refused or could not answer, in one line: the problem's
-    ``detail`` when the server sent one (``problem``), else what went wrong on the way."""
-
-    def __init__(
-        self, message: str, *, status: int | None = None, problem: Problem | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.problem = problem
-
-    @property
-    def detail(self) -> str:
-        return self.problem.detail if self.problem is not None else str(self)
-
-
-def _problem_error(response: httpx.Response) -> ServiceError:
-    """The ServiceError for an error response: its problem+json, or a summary of the body."""
-    problem = None
-    with contextlib.suppress(ValueError, ValidationError):
-        problem = Problem.model_validate(response.json())
-    if problem is not None:
-        message = f"{problem.detail} (HTTP {response.status_code} {problem.title})"
-    else:
-        text = " ".join(response.text.split())[:200] or response.reason_phrase
-        message = f"HTTP {response.status_code} from {response.request.url}: {text}"
-    return ServiceError(message, status=response.status_code, problem=problem)
-
-
-def _inside(directory: Path, name: str) -> Path:
-    """``directory/name`` for an artifact name, refusing one that leads out of ``directory``
-    (the server only lists names it wrote, but a client should not trust that)."""
-    parts = PurePosixPath(name).parts
-    if not parts or name.startswith("/") or any(p in ("..", "") for p in parts) or "\\" in name:
-        raise ServiceError(f"the server listed an artifact with an unsafe name: {name[:80]!r}")
-    return directory.joinpath(*parts)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def zip_hf_directory(directory: Path, dest: Path) -> Path:
-    """A Hugging Face ``save_pretrained`` directory as the one .zip the service takes (only
-    config.json and the .safetensors files: the server reads nothing else)."""
-    members = [directory / "config.json", *sorted(directory.glob("*.safetensors"))]
-    if not members[0].is_file() or len(members) == 1:
-        raise ValueError(
-            f"{directory}: not a Hugging Face save_pretrained directory (it needs config.json "
-            "and .safetensors weights)"
-        )
-    with zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as archive:  # weights do not compress
-        for member in members:
-            archive.write(member, f"{directory.name}/{member.name}")
-    return dest
 
 
 class Client:
@@ -177,15 +99,15 @@ class Client:
                 except httpx.TransportError as error:
                     if last or not (resend or isinstance(error, httpx.ConnectError)):
                         raise ServiceError(
-                            f"{method} {self.server}{path} failed: {_reason(error)}"
+                            f"{method} {self.server}{path} failed: {reason(error)}"
                         ) from None
-                    self._backoff(attempt, _reason(error))
+                    self._backoff(attempt, reason(error))
                     continue
             if response.status_code in RETRY_STATUSES and not last:
                 self._backoff(attempt, f"HTTP {response.status_code}", response)
                 continue
             if response.status_code >= 400:
-                raise _problem_error(response)
+                raise problem_error(response)
             return response
         raise AssertionError("unreachable")  # the loop returns or raises
 
@@ -342,7 +264,7 @@ class Client:
                     f"{artifact.name}: the report's sha256 and the server's artifact list "
                     "disagree; the job's files changed after it finished"
                 )
-            paths.append(self._fetch(job_id, artifact, _inside(dest, artifact.name), progress))
+            paths.append(self._fetch(job_id, artifact, inside(dest, artifact.name), progress))
         return paths
 
     def _fetch(
@@ -371,8 +293,8 @@ class Client:
                         continue
                     if response.status_code >= 400:
                         response.read()
-                        raise _problem_error(response)
-                    resumed = response.status_code == 206 and _range_start(response) == have
+                        raise problem_error(response)
+                    resumed = response.status_code == 206 and range_start(response) == have
                     with partial.open("ab" if resumed else "wb") as out:
                         done = have if resumed else 0
                         # as it arrives (no chunk size: httpx would hold up to a chunk back,
@@ -386,9 +308,9 @@ class Client:
                 if attempt == self.retries:
                     raise ServiceError(
                         f"downloading {artifact.name} failed after {attempt + 1} tries: "
-                        f"{_reason(error)}; run the download again to resume"
+                        f"{reason(error)}; run the download again to resume"
                     ) from None
-                self._backoff(attempt, _reason(error))
+                self._backoff(attempt, reason(error))
         if not partial.is_file():  # a 0-byte artifact (or none of it arrived)
             partial.touch()
         digest = sha256_file(partial)
@@ -420,16 +342,3 @@ def _job_path(job_id: str) -> str:
     if not job_id or "/" in job_id or job_id in (".", ".."):
         raise ServiceError(f"{job_id!r} is not a job id")
     return f"/v1/conversions/{job_id}"
-
-
-def _range_start(response: httpx.Response) -> int | None:
-    """Where a 206's ``Content-Range: bytes START-END/SIZE`` starts."""
-    value = response.headers.get("content-range", "")
-    unit, _, rest = value.partition(" ")
-    start = rest.partition("-")[0]
-    return int(start) if unit == "bytes" and start.isdigit() else None
-
-
-def _reason(error: httpx.TransportError) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
