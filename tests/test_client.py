@@ -343,3 +343,22 @@ def test_submit_wait_download_is_convert_over_http(server, token, tmp_path):
         "edge-un jobs: error: '127.0.0.1:8000' is not a service address: give "
         "http://HOST:PORT (or https://)\n"
     )
+
+
+def test_submit_wait_of_a_job_that_fails_exits_1_with_its_reason(tmp_path):
+    """``convert``'s exit code: a job that fails is exit 1 and its reason in one line. Its
+    server gives a job 1 s, far less than any conversion takes (tests/test_service_faults.py)."""
+    live = LiveServer(tmp_path / "data", EDGE_UN_JOB_TIMEOUT_S="1").start()
+    try:
+        token = live.token("fails")
+        result = run_cli("submit", str(MODEL), "--target", "cpu", "--wait", server=live,
+                         token=token)  # fmt: skip
+        with Client(live.url, token) as client:
+            (job,) = client.jobs().items
+    finally:
+        live.stop()
+    assert job.state == "failed" and "timed out after 1 s" in (job.error or "")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith(f"edge-un submit: error: the conversion {job.id} failed (")
+    assert last.endswith(f": {job.error}") and result.stdout == ""
