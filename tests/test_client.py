@@ -142,6 +142,11 @@ def test_cancel_a_running_job(server, token):
         assert client.wait(job.id, timeout_s=60).state == "cancelled"
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client closing a kept-alive connection (as the client under test does)
+
+
 RESTARTING = {"title": "Service unavailable", "status": 503, "detail": "the service is restarting"}
 
 
@@ -204,7 +209,7 @@ class Front:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler, bind_and_activate=False)
+        self.httpd = _QuietServer(("127.0.0.1", 0), Handler, bind_and_activate=False)
         self.httpd.daemon_threads = True
         self.httpd.server_bind()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
