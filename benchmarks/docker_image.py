@@ -28,8 +28,9 @@ being podman (same arguments) and from fresh directories under /tmp:
   list and bundle.zip, the image's HEALTHCHECK, and who owns the volume's files.
 
 Each command is checked to appear in README's "Docker" section as run (after the volume and
-port substitutions above). ``EDGE_UN_DOCKER_BASELINE=1`` also builds git HEAD's Dockerfile as
-``edge-un:head`` and records its size and layers (the "before"). Writes
+port substitutions above). ``EDGE_UN_DOCKER_BASELINE=REF`` (a git revision, e.g. the commit
+before this image's rework, 37d1859) also builds that revision's Dockerfile, with today's build
+context, as ``edge-un:head`` and records its size and layers (the "before"). Writes
 benchmarks/results/docker_image.json and docker_image.md.
 """
 
@@ -235,6 +236,22 @@ def measure(tag: str) -> dict[str, Any]:
         if mib.isdigit():
             du[names.get(path, path)] = int(mib)
     return {"tag": tag, "bytes": size, "gb": round(size / 1e9, 2), "layers": layers, "du_mib": du}
+
+
+def build_baseline(ref: str) -> dict[str, Any]:
+    """The "before": git revision ``ref``'s docker/Dockerfile built as ``edge-un:head`` (from a
+    temporary file outside the tree, so that no stray Dockerfile is left in it)."""
+    text = subprocess.check_output(["git", "show", f"{ref}:docker/Dockerfile"], cwd=ROOT, text=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".Dockerfile") as head:
+        head.write(text)
+        head.flush()
+        built = build("edge-un:head", [], head.name)
+    commit = subprocess.check_output(["git", "rev-parse", "--short", ref], cwd=ROOT, text=True)
+    return {
+        **measure("edge-un:head"),
+        "build": built,
+        "what": f"docker/Dockerfile at {commit.strip()}",
+    }
 
 
 # -- checks ----------------------------------------------------------------------------------
@@ -464,20 +481,8 @@ def run_all() -> dict[str, Any]:
         "standin": "io.docker-check.standin"
         in podman("image", "inspect", "--format", "{{json .Labels}}", BASE_IMAGE),
     }
-    if os.environ.get("EDGE_UN_DOCKER_BASELINE") == "1":
-        head = ROOT / "docker" / ".Dockerfile.head"
-        head.write_text(
-            subprocess.check_output(["git", "show", "HEAD:docker/Dockerfile"], cwd=ROOT, text=True)
-        )
-        try:
-            built = build("edge-un:head", [], str(head))
-        finally:
-            head.unlink()
-        results["baseline"] = {
-            **measure("edge-un:head"),
-            "build": built,
-            "what": "git HEAD's docker/Dockerfile",
-        }
+    if ref := os.environ.get("EDGE_UN_DOCKER_BASELINE"):
+        results["baseline"] = build_baseline(ref)
 
     checks = Checks(readme_docker_section())
     root_dir, user_dir, onnx_dir = (
