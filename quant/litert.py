@@ -139,18 +139,41 @@ def run_tflite(path: str | Path, inputs: Inputs, threads: int = 1) -> np.ndarray
     return _dequantize(np.stack(results), out)
 
 
+_BUILTIN_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+
+
+def _read_graph(path: str | Path) -> tuple[schema.ModelT, schema.SubGraphT]:
+    model = schema.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
+    return model, model.subgraphs[0]
+
+
+def _op_type(model: schema.ModelT, op: schema.OperatorT) -> str:
+    code = model.operatorCodes[op.opcodeIndex]
+    return _BUILTIN_NAMES.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
+
+
 def _op_outputs(path: str | Path) -> list[tuple[str, list[int], list[str]]]:
     """(op type, output tensor indices, output names) of each op of the main subgraph, in order."""
-    model = schema.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
-    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
-    graph = model.subgraphs[0]
+    model, graph = _read_graph(path)
     ops = []
     for op in graph.operators or []:
-        code = model.operatorCodes[op.opcodeIndex]
-        op_name = names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
         outs = [int(i) for i in ([] if op.outputs is None else op.outputs) if i >= 0]
-        ops.append((op_name, outs, [_decode(graph.tensors[i].name) for i in outs]))
+        ops.append((_op_type(model, op), outs, [_decode(graph.tensors[i].name) for i in outs]))
     return ops
+
+
+def op_graph(path: str | Path) -> list[tuple[str, list[str], list[str]]]:
+    """(op type, input tensor names, output tensor names) of each op of the main subgraph, in
+    order (``quant.sources`` walks it to name tensors onnx2tf left without an ONNX twin)."""
+    model, graph = _read_graph(path)
+
+    def names(indices: object) -> list[str]:
+        found = [] if indices is None else [int(i) for i in indices]  # type: ignore[attr-defined]
+        return [_decode(graph.tensors[i].name) for i in found if i >= 0]
+
+    return [
+        (_op_type(model, op), names(op.inputs), names(op.outputs)) for op in graph.operators or []
+    ]
 
 
 def _decode(name: object) -> str:
@@ -315,6 +338,7 @@ __all__ = [
     "aligned_tensors",
     "latency_tflite",
     "onnx_names",
+    "op_graph",
     "run_tflite",
     "sqnr_db",
     "tensor_sqnr_tflite",

@@ -16,6 +16,9 @@ error, which blames the softmax outputs for noise that arises upstream.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
 
 from . import report as schema
 from .drift import Drift, kernel_gap, measure_drift, onnx_runner, tensor_sqnr
@@ -24,6 +27,7 @@ from .latency import onnx_latency, thread_counts
 from .ort_int8 import quantize_onnx
 from .records import WORST_LAYERS, artifact_record, drift_record, latency_record, onnx_inputs
 from .rules import check_onnx_artifact, onnx_op_histogram, unsupported_ops
+from .sources import Source, derived_sources, label_of, onnx_graph, onnx_sources, placed_ops
 
 FIRST_FALLBACK_STEP = 4
 KERNEL_GAP_PTS = 0.2  # exact vs host kernels: a larger gap is reported as a warning
@@ -77,10 +81,18 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
     stage("latency (ONNX Runtime)", 0.8)
     name = artifact.relative_to(out_dir).as_posix()
     sample = evaluation.rows(0, 1)
+    sources = onnx_sources(job.fp32_path)  # errors name fp32 tensors (the int8 file keeps them)
     worst = [
-        schema.LayerError(name=e.name, op=e.op, sqnr_db=e.sqnr_db, own_sqnr_db=e.own_sqnr_db)
+        schema.LayerError(
+            name=e.name,
+            op=e.op,
+            sqnr_db=e.sqnr_db,
+            own_sqnr_db=e.own_sqnr_db,
+            module=label_of(sources, e.name),
+        )
         for e in errors[:WORST_LAYERS]
     ]
+    fallback_ops = unsupported_ops(onnx_op_histogram(artifact), profile)
     description = "int8 QDQ ONNX" + (f", {len(int16)} activations int16" if int16 else "")
 
     def record(
@@ -99,7 +111,8 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
             latency_record(onnx_latency(artifact, sample, t, job.latency_runs), "onnxruntime", name)
             for t in thread_counts()
         ],
-        fallback_ops=unsupported_ops(onnx_op_histogram(artifact), profile),
+        fallback_ops=fallback_ops,
+        fallback_op_sources=fallback_sources(artifact, fallback_ops, sources),
         int16_tensors=list(int16),
         excluded=[
             schema.Exclusion(
@@ -113,6 +126,21 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
             for number, step in enumerate(steps, start=1)
         ],
     )
+
+
+def fallback_sources(
+    artifact: Path, fallback_ops: list[str], sources: dict[str, Source]
+) -> list[schema.OpSource]:
+    """Each node of the int8 file whose op the accelerator leaves to the CPU, with its module
+    (the file keeps the fp32 tensor names; its Q/DQ nodes take their neighbours')."""
+    if not fallback_ops:
+        return []
+    graph = onnx_graph(onnx.load(str(artifact), load_external_data=False))
+    named = derived_sources(graph, sources)
+    return [
+        schema.OpSource(op=op, name=name, module=module)
+        for op, name, module in placed_ops(graph, named, set(fallback_ops))
+    ]
 
 
 def kernel_warnings(exact: Drift, host: Drift) -> list[str]:

@@ -79,6 +79,7 @@ def convert(
     allow_online: bool = False,
     latency_runs: int = 100,
     recalibrate_batches: int = 0,
+    model_name: str | None = None,
 ) -> schema.Report:
     """Convert ``model`` for ``targets`` (names or "cpu,imx93"; default all) into ``out_dir``.
 
@@ -88,6 +89,8 @@ def convert(
     recomputes every offline norm's inference statistics over that many batches of the
     calibration data (``calib``, else the checkpoint's training split) with
     :func:`edge_un.recalibrate`, then folds; the report's ``recalibration`` says how it went.
+    ``model_name`` names the model in the report (default: the source's file name without its
+    suffix; the service passes the uploaded file's, not the name it stored it under).
     """
     say = progress or (lambda stage, fraction: None)
     profiles = parse_targets(",".join(targets) if isinstance(targets, list | tuple) else targets)
@@ -129,7 +132,7 @@ def convert(
     reference, reference_note = _reference(folded, exports, out_dir, evaluation)
     result = schema.Report(
         edge_un_version=edge_un.__version__,
-        model=_model_info(folded, specs),
+        model=_model_info(folded, specs, model_name),
         fold=folded.fold.as_dict(),
         reference=schema.Reference(
             top1_fp32=_top1(reference, evaluation.labels),
@@ -268,12 +271,14 @@ def _samples(
     return checkpoint_samples(folded.info, "test", specs=specs)
 
 
-def _model_info(folded: FoldedSource, specs: tuple[InputSpec, ...]) -> schema.ModelInfo:
+def _model_info(
+    folded: FoldedSource, specs: tuple[InputSpec, ...], name: str | None
+) -> schema.ModelInfo:
     parameters = None
     if folded.model is not None and hasattr(folded.model, "parameters"):
         parameters = sum(p.numel() for p in folded.model.parameters())
     return schema.ModelInfo(
-        name=folded.source.stem,
+        name=name or folded.source.stem,
         source_format=folded.source_format,
         parameters=parameters,
         input_shape=list(specs[0].shape),

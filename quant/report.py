@@ -61,11 +61,28 @@ class Artifact(_Model):
     description: str
 
 
+MODULE_HELP = (
+    "where it is in the user's model: the torch module path from the exporter's module records, "
+    "with the op when the module called it itself (blocks.3.attn.softmax; a Linear's MatMul is "
+    "blocks.3.attn.qkv); a tensor without a record takes its neighbours' module; None when the "
+    "model file records no modules"
+)
+
+
 class LayerError(_Model):
-    name: str
+    name: str = Field(description="the tensor's name in the artifact's graph")
     op: str
     sqnr_db: float = Field(description="int8 vs fp32 value of this tensor (accumulated error)")
     own_sqnr_db: float | None = Field(description="its own quantization step alone")
+    module: str | None = Field(default=None, description=MODULE_HELP)
+
+
+class OpSource(_Model):
+    """One op behind ``fallback_ops``: its graph name and the module of the user's model."""
+
+    op: str = Field(description="its type, as fallback_ops names it")
+    name: str = Field(description="its (first) output tensor in the artifact's graph")
+    module: str | None = Field(default=None, description=MODULE_HELP)
 
 
 Arithmetic = Literal["exact", "onnxruntime", "litert"]
@@ -162,6 +179,9 @@ class TargetResult(_Model):
     latency: list[Latency] = []
     fallback_ops: list[str] = Field(
         default=[], description="ops its accelerator would not run (they run on the host CPU)"
+    )
+    fallback_op_sources: list[OpSource] = Field(
+        default=[], description="each op behind fallback_ops, with its module in the user's model"
     )
     int16_tensors: list[str] = []
     excluded: list[Exclusion] = []

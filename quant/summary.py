@@ -58,6 +58,37 @@ def latency_rows(report: Report) -> list[list[str]]:
     return rows
 
 
+WORST_LAYER_HEADERS = ["module", "tensor", "op", "SQNR dB", "own SQNR dB"]
+
+
+def worst_layer_rows(target: TargetReport) -> list[list[str]]:
+    """The target's worst layers, each with the module of the user's model it belongs to
+    (``-`` when the model file records none) beside the artifact graph's own tensor name."""
+    if target.drift is None:
+        return []
+    return [
+        [
+            layer.module or "-",
+            layer.name,
+            layer.op,
+            f"{layer.sqnr_db:.1f}",
+            "-" if layer.own_sqnr_db is None else f"{layer.own_sqnr_db:.1f}",
+        ]
+        for layer in target.drift.worst_layers
+    ]
+
+
+def fallback_op_lines(target: TargetReport) -> list[str]:
+    """Each op left off the accelerator: ``SOFTMAX in blocks.0.attn.softmax (tensor ...)``;
+    the bare op names of a report without ``fallback_op_sources`` (written before them)."""
+    if not target.fallback_op_sources:
+        return list(target.fallback_ops)
+    return [
+        f"{op.op} in {op.module or '(no module recorded)'} ({op.name})"
+        for op in target.fallback_op_sources
+    ]
+
+
 def norms_line(report: Report) -> str:
     """``9 offline norms, all folded into the weights`` / ``5 offline norms: 1 folded, 4
     kept as one per-channel Mul + Add (a, b, ...)``: what folding did, in one line."""
@@ -151,7 +182,8 @@ def summary_markdown(report: Report) -> str:
                          f"{item.description}")  # fmt: skip
         if target.drift and target.drift.worst_layers:
             worst = ", ".join(
-                f"{layer.name} ({layer.op}, {layer.sqnr_db:.1f} dB)"
+                f"{layer.module + ' ' if layer.module else ''}`{layer.name}` ({layer.op}, "
+                f"{layer.sqnr_db:.1f} dB)"
                 for layer in target.drift.worst_layers
             )
             lines.append(f"- worst layers (SQNR vs fp32): {worst}")
@@ -166,7 +198,7 @@ def summary_markdown(report: Report) -> str:
                 f"{_pts(step.top1_drop_pts)}, agreement {_pct(step.agreement)}{cost}"
             )
         if target.fallback_ops:
-            lines.append(f"- ops off the accelerator: {', '.join(target.fallback_ops)}")
+            lines.append(f"- ops off the accelerator: {'; '.join(fallback_op_lines(target))}")
         if target.vela is not None:
             vela = target.vela
             lines.append(

@@ -137,13 +137,18 @@ def convert_tflite(
         # onnx2tf reads this before it would download it (RGB models): float32 in [0, 1].
         sample = np.random.default_rng(0).random((20, 128, 128, 3), dtype=np.float32)
         np.save(scratch / SAMPLE_DATA_NAME, sample)
+        # onnx2tf simplifies its input with onnxsim and saves the result over it: it gets a
+        # copy, so the fp32 artifact stays the file that was measured, with the exporter's
+        # module records that quant.sources reads.
+        onnx_copy = scratch / onnx_path.name
+        shutil.copyfile(onnx_path, onnx_copy)
         saved_model = scratch / "saved_model"
         start = time.monotonic()
         _run_tool(
             [
                 str(toolenv.python_path(env_dir)),
                 str(SAVED_MODEL_SCRIPT),
-                str(onnx_path),
+                str(onnx_copy),
                 str(saved_model),
             ],
             scratch,

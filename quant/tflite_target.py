@@ -12,13 +12,14 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from . import report as schema
 from .data import Samples
 from .drift import Drift, measure_drift
 from .job import TargetJob
 from .latency import thread_counts
-from .litert import latency_tflite, run_tflite, tensor_sqnr_tflite
+from .litert import latency_tflite, onnx_names, op_graph, run_tflite, tensor_sqnr_tflite
 from .records import (
     WORST_LAYERS,
     artifact_record,
@@ -27,6 +28,7 @@ from .records import (
     tflite_inputs,
 )
 from .rules import unsupported_ops
+from .sources import Source, derived_sources, label_of, onnx_sources, placed_ops
 from .tflite import TfliteArtifacts, check_full_integer, convert_tflite, inspect_tflite
 from .vela import VelaResult, compile_vela
 
@@ -59,8 +61,11 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
             wide_file.unlink()
     name = shipped.relative_to(out_dir).as_posix()
     stage("per-tensor SQNR", 0.6)
+    sources = tflite_sources(shipped, converted.tensor_map, job.fp32_path)
     worst = [
-        schema.LayerError(name=tensor, op=op, sqnr_db=db, own_sqnr_db=None)
+        schema.LayerError(
+            name=tensor, op=op, sqnr_db=db, own_sqnr_db=None, module=label_of(sources, tensor)
+        )
         for tensor, op, db in tensor_sqnr_tflite(shipped, converted.float32, evaluation.feeds)
     ][:WORST_LAYERS]
     description = (
@@ -98,10 +103,47 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
             for t in thread_counts()
         ],
         fallback_ops=fallback_ops,
+        fallback_op_sources=fallback_sources(shipped, fallback_ops, sources, vela_record),
         excluded=excluded,
         vela=vela_record,
         vela_pure_int8=vela_pure_record,
     )
+
+
+def tflite_sources(tflite: Path, tensor_map: Path | None, fp32: Path) -> dict[str, Source]:
+    """{TFLite tensor: source}: through onnx2tf's tensor map to the ONNX tensor, then to its
+    module (quant.sources). The model's output tensor (``PartitionedCall:0``, no map entry) is
+    paired with the ONNX output when both files have one. No map: no names (never an error)."""
+    graph = op_graph(tflite)
+    names = [name for _, _, outs in graph for name in outs]
+    has_map = tensor_map is not None and tensor_map.is_file()
+    renamed = onnx_names(names, tensor_map) if has_map else {}
+    model = onnx.load(str(fp32), load_external_data=False)
+    outputs = [o.name for o in model.graph.output]
+    ends = [name for name in names if name.startswith("PartitionedCall")]
+    if len(outputs) == 1 and len(ends) == 1:
+        renamed.setdefault(ends[0], outputs[0])
+    return derived_sources(graph, onnx_sources(model), renamed)
+
+
+def fallback_sources(
+    shipped: Path,
+    fallback_ops: list[str],
+    sources: dict[str, Source],
+    vela: schema.Vela | None,
+) -> list[schema.OpSource]:
+    """Each op behind ``fallback_ops`` with its module: Vela names each op it leaves to the CPU
+    ("OP tensor"); the VX delegate's list is of op types, found in the shipped file."""
+    if vela is not None:
+        entries = [entry.partition(" ") for entry in fallback_ops]
+        return [
+            schema.OpSource(op=op, name=name, module=label_of(sources, name))
+            for op, _, name in entries
+        ]
+    return [
+        schema.OpSource(op=op, name=name, module=module)
+        for op, name, module in placed_ops(op_graph(shipped), sources, set(fallback_ops))
+    ]
 
 
 def _converted(job: TargetJob, work: Path) -> TfliteArtifacts:

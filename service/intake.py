@@ -104,12 +104,21 @@ async def _counted(chunks: AsyncIterator[bytes], metrics: Metrics, name: str):
         yield chunk
 
 
-async def receive(reader: MultipartReader, dest: Path, max_bytes: int, metrics: Metrics) -> Form:
+async def receive(
+    reader: MultipartReader, dest: Path, max_bytes: int, metrics: Metrics, browser: bool = False
+) -> Form:
     """Read every part of the form: files to ``dest/<field>`` (model_data files to
-    ``dest/<their name>``), small fields as text."""
+    ``dest/<their name>``), small fields as text. ``browser``: the web page's form, as a
+    browser sends it: a file input left empty is a part with an empty file name (skipped),
+    and each ticked target checkbox is a ``targets`` part of its own (joined)."""
     form = Form()
     total_limit = MAX_REQUEST_FILES * max_bytes
     async for part in reader.parts():
+        if browser and part.filename == "":
+            continue  # parts() skips its (empty) data
+        if browser and part.name == "targets" and "targets" in form.texts:
+            form.texts["targets"] += "," + await reader.text(part.name)
+            continue
         if part.name in form.labels or part.name in form.texts:
             raise Problem(400, f"the form field {part.name!r} is given twice; send it once")
         if part.name in FILE_FIELDS:
@@ -227,8 +236,11 @@ async def accept(
     settings: Settings,
     store: ArtifactStore,
     metrics: Metrics,
+    *,
+    browser: bool = False,
 ) -> Job:
-    """A queued job for this request, or a Problem/UploadRejected (and nothing kept)."""
+    """A queued job for this request, or a Problem/UploadRejected (and nothing kept).
+    ``browser``: the web page's form (see ``receive``)."""
     boundary = boundary_of(content_type)
     limit = settings.max_upload_bytes
     too_long = MAX_REQUEST_FILES * limit + (1 << 20)  # with room for the multipart framing
@@ -244,7 +256,7 @@ async def accept(
     job_id = jobs.new_job_id()
     dest = store.upload_dir(job_id)
     try:
-        form = await receive(MultipartReader(body, boundary), dest, limit, metrics)
+        form = await receive(MultipartReader(body, boundary), dest, limit, metrics, browser)
         targets = parse_targets(form.texts.get("targets"))
         max_drift = parse_max_drift(form.texts.get("max_drift"))
         model_format = await anyio.to_thread.run_sync(

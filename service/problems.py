@@ -25,6 +25,7 @@ MEDIA_TYPE = "application/problem+json"
 TITLES = {
     400: "Bad request",
     401: "Unauthorized",
+    403: "Forbidden",
     404: "Not found",
     405: "Method not allowed",
     409: "Conflict",

@@ -10,17 +10,22 @@ users' files.
 from __future__ import annotations
 
 import html
+import importlib.util
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 from quant.report import Host, Report, TargetReport
 from quant.summary import (
+    WORST_LAYER_HEADERS,
     drift_rows,
+    fallback_op_lines,
     host_kernel_lines,
     inputs_line,
     latency_rows,
     latency_title,
     norms_line,
+    worst_layer_rows,
 )
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -45,6 +50,18 @@ code{font-size:.9em;word-break:break-all}.muted{color:#666}
 
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
+
+
+REPORT_HTML = "report.html"
+
+
+def write_report_html(out_dir: Path) -> Path:
+    """``out_dir/report.html`` from ``out_dir/report.json``: the page the service serves, which
+    renders the file too (not the report in memory: JSON has no infinity, an SQNR of inf is
+    written as null)."""
+    path = out_dir / REPORT_HTML
+    path.write_text(render_report_html(Report.read(out_dir / "report.json")), encoding="utf-8")
+    return path
 
 
 def render_report_html(report: Report) -> str:
@@ -206,6 +223,13 @@ def _target_details(target: TargetReport) -> str:
     ]
     if steps:
         parts += ["<p>drift fallback:</p>", _list(steps)]
+    worst = worst_layer_rows(target)
+    if worst:
+        parts += [
+            "<p>worst layers (SQNR, int8 vs fp32; the module of your model beside the "
+            "artifact's tensor):</p>",
+            _table(WORST_LAYER_HEADERS, worst, f"{target.name}-worst", numeric=(3, 4)),
+        ]
     if target.vela is not None:
         v = target.vela
         parts.append(
@@ -214,7 +238,7 @@ def _target_details(target: TargetReport) -> str:
             f"{v.est_ms:.3f} ms, SRAM {v.sram_kib:.1f} KiB, DRAM {v.dram_kib:.1f} KiB</p>"
         )
     if target.fallback_ops:
-        parts += ["<p>ops off the accelerator:</p>", _list(target.fallback_ops)]
+        parts += ["<p>ops off the accelerator:</p>", _list(fallback_op_lines(target))]
     parts.append("</section>")
     return "".join(parts)
 
@@ -224,6 +248,12 @@ def _target_details(target: TargetReport) -> str:
 
 def _plots(report: Report) -> list[str]:
     from . import report_plots
+
+    if importlib.util.find_spec("matplotlib") is None:  # the service's extra, not quant's
+        return [
+            '<p class="muted">No plots: matplotlib is not installed '
+            "(pip install 'edge-un[service]').</p>"
+        ]
 
     figures = []
     for target in report.targets.values():

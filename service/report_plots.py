@@ -67,7 +67,9 @@ def sqnr_svg(target: TargetReport) -> str:
         )
         figure.legend(loc="outside lower center", ncols=2, fontsize=8)
     axes.set_yticks(
-        positions, labels=[_label(f"{layer.name} ({layer.op})") for layer in layers], fontsize=8
+        positions,
+        labels=[_label(f"{layer.module or layer.name} ({layer.op})") for layer in layers],
+        fontsize=8,
     )
     axes.set_xlabel("SQNR (dB)")
     axes.grid(axis="x", alpha=0.3)

@@ -143,6 +143,8 @@ def run(settings: Settings, job_id: str, attempt: int) -> int:
             progress=progress,
             config=uploads / "config.json" if row.config_label else None,
             latency_runs=settings.latency_runs,
+            # the user's file name, as `convert` names a model (uploads are stored as model.*)
+            model_name=Path(row.model_label).stem or None,
         )
         failed = [t for t in report.targets.values() if t.status == "failed"]
         if failed and len(failed) == len(report.targets):

@@ -27,7 +27,7 @@ from quant.report import Report
 from service.cli import choices
 
 COMMANDS = ("convert", "export", "targets", "report", "info", "train", "migrate", "finetune",
-            "serve", "token")  # fmt: skip
+            "serve", "token", "submit", "jobs", "status", "download", "cancel")  # fmt: skip
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # torch and the pipelines stay out of the process unless a command needs them (and in tests
 # torch uses one thread: the machine is shared).
@@ -266,6 +266,22 @@ def test_report_shows_a_conversion_as_tables(converted) -> None:
     for artifact in report.targets["cpu"].artifacts:  # every artifact, with its full digest
         assert any(artifact.name in line and artifact.sha256 in line for line in lines)
     assert result.stdout == run_cli("report", str(out / "report.json")).stdout
+
+
+def test_convert_writes_the_services_report_page(converted) -> None:
+    """Issue 21: report.html beside report.md, the page the service serves for the report."""
+    from service.report_html import CSP, render_report_html
+
+    out, code, screen = converted
+    assert code == 0
+    page = (out / "report.html").read_text()
+    report = Report.read(out / "report.json")
+    assert page.startswith("<!DOCTYPE html>") and f'content="{CSP}"' in page
+    assert "<title>edge-un conversion: vit-mnist-un</title>" in page
+    # the same page: equal but for the ids matplotlib draws at random in each plot
+    random_ids = re.compile(r'(id="|#|href="#)[^"\s)]*')
+    assert random_ids.sub("", page) == random_ids.sub("", render_report_html(report))
+    assert "report.html" in ANSI.sub("", screen)  # the closing line names it
 
 
 def test_report_of_a_wrong_directory_is_one_line(tmp_path: Path) -> None:

@@ -184,6 +184,11 @@ def test_a_save_pretrained_directory_converts_directly(
     _, info = edge_un.load_pretrained(examples.path(name))
     assert report.reference.top1_fp32 == pytest.approx(info.metadata["test_accuracy"], abs=2e-3)
     assert report.targets["cpu"].status == "ok"
+    # issue 21: each worst layer names its module of the Hugging Face model (bert.encoder...,
+    # vit.layers...), beside the ONNX tensor
+    worst = report.targets["cpu"].drift.worst_layers
+    head = name.split("-")[1]  # hf-vit-mnist-un: vit, hf-bert-rt-un: bert
+    assert worst and all((layer.module or "").startswith(f"{head}.") for layer in worst), worst
 
 
 def test_the_hf_bert_onnx_export_converts_over_http(bert: dict, tmp_path: Path) -> None:

@@ -190,3 +190,32 @@ def test_page_is_self_contained(report: Report) -> None:
     assert "<script" not in page and "@import" not in page
     assert "Content-Security-Policy" in page
     assert html.escape(HOSTILE) in page and HOSTILE not in page
+
+
+def test_worst_layers_name_the_models_modules(browser, server, report: Report) -> None:
+    """Issue 21: each worst-layer row, ONNX and TFLite, carries the module of the user's model
+    (from the export's module records; TFLite names mapped back through onnx2tf's tensor map)
+    beside the graph's own name, in report.json, report.md and the page."""
+    for target in report.targets.values():
+        assert target.drift is not None and target.drift.worst_layers, target.name
+        for layer in target.drift.worst_layers:
+            assert layer.module and layer.module != layer.name, (target.name, layer)
+            head = layer.module.split(".")[0]
+            assert head in ("blocks", "patch_embed", "head") or "." not in layer.module, layer
+    softmax = {t: [lay.module for lay in report.targets[t].drift.worst_layers
+                   if lay.op.lower() == "softmax"] for t in ("cpu", "imx93")}  # fmt: skip
+    assert all(m.startswith("blocks.") and m.endswith(".attn.softmax")
+               for ms in softmax.values() for m in ms), softmax  # fmt: skip
+    from quant.summary import summary_markdown
+
+    markdown = summary_markdown(report)  # report.md
+    assert all(f"{layer.module} `{layer.name}`" in markdown for t in report.targets.values()
+               for layer in t.drift.worst_layers)  # fmt: skip
+    open_page(browser, server, "modules.html", render_report_html(report))
+    for name, target in report.targets.items():
+        assert column(browser, f"{name}-worst", 0) == [
+            layer.module for layer in target.drift.worst_layers
+        ]
+        assert column(browser, f"{name}-worst", 1) == [
+            layer.name for layer in target.drift.worst_layers
+        ]

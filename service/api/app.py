@@ -17,6 +17,7 @@ from ..metrics import Metrics
 from ..queue import JobQueue, make_queue
 from ..settings import Settings
 from ..storage import LocalArtifactStore
+from ..web import routes as web
 from . import conversions, openapi, system
 from .deps import Services
 
@@ -63,6 +64,14 @@ def create_app(settings: Settings, queue: JobQueue | None = None) -> FastAPI:
     openapi.install(app)
     app.include_router(conversions.router)
     app.include_router(system.router)
+    app.include_router(web.router)  # the web page for people (/ui), outside the OpenAPI document
+    app.include_router(web.root)
     # every route, flat, for the Allow header of a 405 (FastAPI nests included routers)
-    app.state.flat_routes = [*app.router.routes, *conversions.router.routes, *system.router.routes]
+    app.state.flat_routes = [
+        *app.router.routes,
+        *conversions.router.routes,
+        *system.router.routes,
+        *web.router.routes,
+        *web.root.routes,
+    ]
     return app

@@ -205,9 +205,12 @@ async def get_report_html(
     job_id: JobId, services: ServicesDep, principal: PrincipalDep
 ) -> HTMLResponse:
     """The report as one self-contained page: tables and plots, no external requests."""
+    from ..report_html import CSP
+
     job = await anyio.to_thread.run_sync(_finished_with_files, services, principal, job_id)
     html = await anyio.to_thread.run_sync(_render_html, services, job.id)
-    return HTMLResponse(html)
+    # the page's own policy, as a header too (a <meta> policy only acts once it is parsed)
+    return HTMLResponse(html, headers={"Content-Security-Policy": CSP})
 
 
 def _render_html(services: Services, job_id: str) -> str:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-from ..db import Job
+if TYPE_CHECKING:  # the records only feed JobOut.of: clients import these without a database
+    from ..db import Job
 
 State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 

@@ -77,7 +77,11 @@ def _is_bad_input(error: BaseException) -> bool:
     # not loaded, the error cannot be one of its checkpoint errors.
     edge_un = sys.modules.get("edge_un")
     checkpoint_error = getattr(edge_un, "CheckpointError", None)
-    return checkpoint_error is not None and isinstance(error, checkpoint_error)
+    if checkpoint_error is not None and isinstance(error, checkpoint_error):
+        return True
+    # the same for the service's answers (service.client: httpx, loaded by the remote commands)
+    service_error = getattr(sys.modules.get("service.client"), "ServiceError", None)
+    return service_error is not None and isinstance(error, service_error)
 
 
 def one_line(error: BaseException) -> str:

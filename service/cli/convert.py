@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,6 +13,9 @@ from . import output
 from .app import command
 from .choices import DEFAULT_MODEL, EXAMPLES, HF_EXAMPLES, TARGETS
 from .summary import print_summary
+
+if TYPE_CHECKING:
+    from quant.targets import TargetProfile
 
 PANEL = "Convert"
 MODEL_HELP = (
@@ -38,6 +43,90 @@ def _source(name: str) -> Path:
     return source
 
 
+def unavailable(profile: TargetProfile) -> str | None:
+    """Why this installation cannot build ``profile``'s artifacts, or None if it can. Looks only
+    at what is installed (nothing is imported or run): ``edge-un targets`` stays light."""
+    from quant import toolenv
+
+    if "onnx_qdq" in profile.artifacts and importlib.util.find_spec("onnxruntime") is None:
+        return "needs ONNX Runtime: pip install 'edge-un[export]'"
+    if "tflite" in profile.artifacts:
+        try:
+            toolenv.require()
+        except toolenv.ToolEnvMissingError as error:  # names the command that creates it
+            return f"{error}; the edge-un:onnx Docker image has none (use edge-un:latest)"
+        except OSError as error:  # e.g. another user's environment
+            return f"the TFLite converter environment at {toolenv.env_dir()}: {error}"
+        if importlib.util.find_spec("ai_edge_litert") is None:
+            return "needs LiteRT: pip install 'edge-un[quant]'"
+    if "vela" in profile.artifacts and importlib.util.find_spec("ethosu") is None:
+        return "needs Vela: pip install 'edge-un[quant]'"
+    return None
+
+
+def _targets_here(spec: str | None) -> str:
+    """The targets to build. Default: every target this installation can build (the others
+    are named in a note); a target asked for by name that cannot be built here is refused
+    before any work, in one line."""
+    from quant.targets import PROFILES, parse_targets
+
+    if spec is None:
+        missing = {p.name: why for p in PROFILES.values() if (why := unavailable(p))}
+        names = [name for name in PROFILES if name not in missing]
+        if not names:
+            raise ValueError(f"this installation can build no target: {missing}")
+        for reason in dict.fromkeys(missing.values()):
+            skipped = ", ".join(name for name, why in missing.items() if why == reason)
+            output.note(
+                f"targets: {', '.join(names)} (not {skipped}: {reason}; see edge-un targets)"
+            )
+        return ",".join(names)
+    profiles = parse_targets(spec)  # an unknown name: UnknownTargetError, one line
+    for profile in profiles:
+        if why := unavailable(profile):
+            raise ValueError(f"this installation cannot build {profile.name}: {why}")
+    return ",".join(p.name for p in profiles)
+
+
+def _cannot_write(out_dir: Path, where: Path) -> PermissionError:
+    """The one line for an output directory this process may not write: who, where, what to
+    do. In a container (Docker sets /.dockerenv, podman /run/.containerenv) the usual cause is
+    a mounted host directory owned by another uid: running as its owner is the fix."""
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        owner = where.stat()
+        owned = f" (owned by uid {owner.st_uid}, gid {owner.st_gid})"
+    except OSError:
+        owned = ""
+    fix = f"make {where} writable for uid {uid}, or choose another output directory"
+    if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
+        fix = (
+            f"run the container as the owner of {where} (docker run --user "
+            f'"$(id -u):$(id -g)" ..., from a directory you own), or {fix}'
+        )
+    return PermissionError(
+        f"uid {uid} (gid {gid}) cannot write the output directory {out_dir}: no write "
+        f"permission on {where}{owned}; {fix}"
+    )
+
+
+def _check_writable(out_dir: Path) -> Path:
+    """``out_dir`` (absolute), checked before minutes of loading and folding: it, or the
+    directory it will be created in, must be writable by this process. Nothing is created."""
+    out_dir = Path(os.path.abspath(out_dir))
+    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{existing} is not a directory: choose another output directory")
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise PermissionError(
+            f"cannot write the output directory {out_dir}: {existing} is on a read-only file "
+            "system (a volume mounted :ro?); choose another output directory"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise _cannot_write(out_dir, existing)
+    return out_dir
+
+
 @command(rich_help_panel=PANEL)
 def convert(
     source: Source = DEFAULT_MODEL,
@@ -47,7 +136,11 @@ def convert(
     ] = None,
     target: Annotated[
         str | None,
-        typer.Option(metavar="LIST", help=f"Comma-separated: {', '.join(TARGETS)} (default: all)."),
+        typer.Option(
+            metavar="LIST",
+            help=f"Comma-separated: {', '.join(TARGETS)}, or all (default: every target this "
+            "installation can build, see `edge-un targets`).",
+        ),
     ] = None,
     calib: Annotated[
         str | None,
@@ -81,29 +174,40 @@ def convert(
     Writes the artifacts, report.json and report.md to DIR (default edge-un-out/MODEL); exits
     1 if a target failed outright (a target over the drift bar is reported, not an error).
     """
+    model = _source(source)
+    out_dir = Path(out) if out else Path("edge-un-out") / model.stem
+    targets_here = _targets_here(target)
+    resolved = _check_writable(out_dir)  # both before importing torch: a mistake costs < 1 s
     from quant.pipeline import convert as run_convert
     from quant.recalibration import recalibration_note
 
-    model = _source(source)
-    out_dir = Path(out) if out else Path("edge-un-out") / model.stem
     with output.stage_progress("convert") as progress:
-        report = run_convert(
-            model,
-            targets=target,
-            calib=calib,
-            eval=eval_data,
-            out_dir=out_dir,
-            max_drift=max_drift,
-            progress=progress,
-            config=config,
-            allow_online=allow_online,
-            recalibrate_batches=recalibrate,
-        )
+        try:
+            report = run_convert(
+                model,
+                targets=targets_here,
+                calib=calib,
+                eval=eval_data,
+                out_dir=out_dir,
+                max_drift=max_drift,
+                progress=progress,
+                config=config,
+                allow_online=allow_online,
+                recalibrate_batches=recalibrate,
+            )
+        except PermissionError as error:  # the check above passed, the directory said no
+            where = Path(os.path.abspath(error.filename)) if error.filename else None
+            if where is None or not (where == resolved or resolved in where.parents):
+                raise
+            raise _cannot_write(resolved, where if where.is_dir() else where.parent) from None
+    from service.report_html import write_report_html
+
+    write_report_html(out_dir)  # the page the service serves for the same report.json
     console = output.stdout()
     print_summary(console, report)
     if report.recalibration is not None:
         console.print(recalibration_note(report.recalibration, recalibrate))
-    console.print(f"wrote {out_dir}/ (report.md, report.json and the artifacts)")
+    console.print(f"wrote {out_dir}/ (report.md, report.json, report.html and the artifacts)")
     failed = [t.name for t in report.targets.values() if t.status == "failed"]
     return 1 if failed else 0
 
@@ -122,6 +226,7 @@ def export(
     allow_online: AllowOnline = False,
 ) -> int:
     """Fold the norms into the weights and export one checked fp32 ONNX model."""
+    _check_writable(Path(out))
     from converters.pipeline import convert as run_export
 
     with output.stage_progress("export") as progress:
@@ -148,14 +253,24 @@ def export(
 
 @command(rich_help_panel=PANEL)
 def targets() -> int:
-    """List the edge targets and the rules their artifacts follow."""
+    """List the edge targets, the rules their artifacts follow, and whether this installation
+    can build each (`convert` builds those by default)."""
     from quant.targets import PROFILES
 
-    listing = output.table("target", "board, runtime, artifacts", "rules")
+    listing = output.table("target", "here", "board, runtime, artifacts", "rules")
     listing.show_lines = True
+    missing = {}
     for profile in PROFILES.values():
         about = f"{profile.board}\n{profile.runtime}\nartifacts: {', '.join(profile.artifacts)}"
         rules = "\n".join(f"- {rule}" for rule in profile.rules)
-        listing.add_row(profile.name, about, rules)
-    output.print_table(output.stdout(), listing)
+        why = unavailable(profile)
+        if why:
+            missing[profile.name] = why
+        listing.add_row(profile.name, "no" if why else "yes", about, rules)
+    console = output.stdout()
+    output.print_table(console, listing)
+    here = [name for name in PROFILES if name not in missing]
+    console.print(f"\nthis installation can build: {', '.join(here) or 'none'}")
+    for name, why in missing.items():
+        console.print(f"cannot build {name}: {why}")
     return 0

@@ -91,11 +91,33 @@ def print_details(console: Console, report: Report) -> None:
     console.print()
     output.print_table(console, artifacts)
     console.print()
+    _print_layers(console, report)
     for target in report.targets.values():
         if target.error:
             console.print(f"{target.name} failed: {target.error}", style="red")
     for line in report.notes:
         console.print(f"note: {line}", style="dim")
+
+
+def _print_layers(console: Console, report: Report) -> None:
+    """Per target: the worst layers, named by the module of the user's model beside the
+    artifact's tensor, and the ops its accelerator leaves to the CPU, with their modules."""
+    from quant.summary import WORST_LAYER_HEADERS, fallback_op_lines, worst_layer_rows
+
+    for target in report.targets.values():
+        rows = worst_layer_rows(target)
+        if rows:
+            layers = output.table(
+                *WORST_LAYER_HEADERS,
+                title=f"{target.name}: worst layers (SQNR, int8 vs fp32)",
+                numeric=WORST_LAYER_HEADERS[3:],
+            )
+            for row in rows:
+                layers.add_row(*row)
+            output.print_table(console, layers)
+            console.print()
+        for line in fallback_op_lines(target):
+            console.print(f"{target.name}: off the accelerator: {line}")
 
 
 def read_report(directory: Path) -> Report:

@@ -1,0 +1,188 @@
+"""Where a tensor comes from in the user's model: the torch module path behind a graph name.
+
+The report's worst layers and ops off the accelerator are tensors of the exported graph
+(``softmax_3``, ``linear_13``) or of onnx2tf's TFLite file
+(``model_92/tf.nn.softmax_7/node_softmax_3``); the user knows ``blocks.3.attn``. The fp32 ONNX
+file the targets start from says which: torch's dynamo exporter records each node's module stack
+in its ``metadata_props`` (``pkg.torch.onnx.name_scopes`` and ``class_hierarchy``, or the older
+``namespace`` string); the legacy exporter encodes the same path in node names
+(``/blocks.3/attn/Softmax``). A TFLite tensor is mapped back to its ONNX tensor through
+onnx2tf's tensor map (``quant.litert.onnx_names``), then to that tensor's module.
+
+Some tensors have no record: nodes the ONNX optimizer made (a qkv ``Split``), quantization's
+Q/DQ nodes, the layout TRANSPOSEs and SPLITs onnx2tf inserted. Each of those takes the module
+its neighbours share (the longest common module path of the tensors it reads and of the tensors
+its consumers write), with its own op: a Split between ``blocks.3.attn.qkv`` and
+``blocks.3.attn`` is ``blocks.3.attn.split``. A file with no records at all gets no names.
+
+Kept free of torch and onnx_ir (the same metadata keys as ``converters.onnx_names``, which
+imports torch): this runs in every target's builder process.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
+NAMESPACE = "namespace"  # "': Model/blocks.0: Block/blocks.0.attn: Attention/softmax: aten...'"
+TORCH_LAYERS = "torch.nn.modules."  # a built-in layer: its one op is the module itself
+INFER_ROUNDS = 8  # a chain of unrecorded nodes longer than this stays unnamed
+_COUNTER = re.compile(r"_\d+$")
+
+# (op type, input tensor names, output tensor names) of each node, in graph order
+Graph = Sequence[tuple[str, Sequence[str], Sequence[str]]]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A tensor's place in the user's model."""
+
+    module: str  # dotted torch module path; "" for the model's own forward
+    op: str  # the op inside it (torch's: softmax, matmul; the graph's when inferred)
+    leaf: bool  # a torch.nn layer (Linear, GELU, Conv2d) whose op this is: its path says it all
+
+    def label(self) -> str:
+        """``blocks.3.attn.softmax``; a Linear's MatMul and Add are ``blocks.3.attn.qkv``."""
+        if self.leaf or not self.op:
+            return self.module or self.op
+        return f"{self.module}.{self.op}" if self.module else self.op
+
+
+def _literal_list(text: str | None) -> list[str]:
+    if not text:
+        return []
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _torch_op(target: str) -> str:
+    """``aten.softmax.int`` -> ``softmax``; ``aten._unsafe_view.default`` -> ``view`` (torch's
+    internal variants read as the op the user wrote)."""
+    parts = target.split(".")
+    op = parts[1] if len(parts) >= 3 and parts[0] in ("aten", "prims") else parts[-1]
+    return op.lstrip("_").removeprefix("unsafe_")
+
+
+def node_source(node: onnx.NodeProto) -> Source | None:
+    """What the exporter recorded for one node, if anything."""
+    props = {p.key: p.value for p in node.metadata_props}
+    scopes = _literal_list(props.get(NAME_SCOPES))
+    classes = _literal_list(props.get(CLASS_HIERARCHY))
+    if not scopes and props.get(NAMESPACE):  # older torch: one "/"-joined string of both
+        pairs = [part.split(": ", 1) for part in props[NAMESPACE].split("/")]
+        scopes = [p[0].strip() for p in pairs]
+        classes = [p[1].strip() if len(p) > 1 else "" for p in pairs]
+    if scopes:
+        module = scopes[-2] if len(scopes) >= 2 else ""
+        op = _torch_op(classes[-1]) if classes else _COUNTER.sub("", scopes[-1])
+        leaf = len(classes) >= 2 and classes[-2].startswith(TORCH_LAYERS)
+        return Source(module, op, leaf)
+    parts = node.name.split("/")  # the legacy exporter: /blocks.3/attn/Softmax
+    if len(parts) >= 3 and not parts[0]:
+        return Source(".".join(parts[1:-1]), node.op_type.lower(), False)
+    return None
+
+
+def _common_module(paths: Iterable[str]) -> str:
+    split = [p.split(".") if p else [] for p in paths]
+    common: list[str] = []
+    for parts in zip(*split, strict=False):
+        if any(part != parts[0] for part in parts):
+            break
+        common.append(parts[0])
+    return ".".join(common)
+
+
+def infer(graph: Graph, seeds: Mapping[str, Source]) -> dict[str, Source]:
+    """``seeds`` and a source for every unrecorded node output with a recorded neighbour (see the
+    module docstring). Each round reads only what the previous rounds knew, so the result does
+    not depend on node order."""
+    known = dict(seeds)
+    if not known:
+        return known
+    consumers: dict[str, list[int]] = defaultdict(list)
+    for index, (_, inputs, _) in enumerate(graph):
+        for name in inputs:
+            consumers[name].append(index)
+    for _ in range(INFER_ROUNDS):
+        found: dict[str, Source] = {}
+        for op, inputs, outputs in graph:
+            missing = [name for name in outputs if name and name not in known]
+            if not missing:
+                continue
+            near = [known[name].module for name in inputs if name in known]
+            near += [
+                known[name].module
+                for out in outputs
+                for index in consumers.get(out, ())
+                for name in graph[index][2]
+                if name in known
+            ]
+            if near:
+                source = Source(_common_module(near), op.lower(), False)
+                found.update(dict.fromkeys(missing, source))
+        if not found:
+            break
+        known.update(found)
+    return known
+
+
+def onnx_graph(model: onnx.ModelProto) -> list[tuple[str, list[str], list[str]]]:
+    return [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
+
+
+def onnx_sources(model: onnx.ModelProto | str | Path) -> dict[str, Source]:
+    """{tensor name: source} for every node output of an ONNX model (main graph)."""
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model), load_external_data=False)
+    seeds: dict[str, Source] = {}
+    for node in model.graph.node:
+        source = node_source(node)
+        if source is not None:
+            seeds.update(dict.fromkeys([o for o in node.output if o], source))
+    return infer(onnx_graph(model), seeds)
+
+
+def derived_sources(
+    graph: Graph, original: Mapping[str, Source], renamed: Mapping[str, str] | None = None
+) -> dict[str, Source]:
+    """Sources for a graph derived from the recorded one (the int8 QDQ file, which keeps the
+    fp32 tensor names; a TFLite file, whose names ``renamed`` maps back to ONNX ones)."""
+    outputs = [name for _, _, names in graph for name in names]
+    if renamed is None:
+        seeds = {name: original[name] for name in outputs if name in original}
+    else:
+        seeds = {
+            name: original[renamed[name]]
+            for name in outputs
+            if name in renamed and renamed[name] in original
+        }
+    return infer(graph, seeds)
+
+
+def label_of(sources: Mapping[str, Source], name: str) -> str | None:
+    source = sources.get(name)
+    return None if source is None else source.label() or None
+
+
+def placed_ops(
+    graph: Graph, sources: Mapping[str, Source], ops: Collection[str]
+) -> list[tuple[str, str, str | None]]:
+    """(op type, its first output, its module) of each op of ``graph`` whose type is in
+    ``ops``: where in the user's model the ops a target's accelerator leaves to the CPU are."""
+    return [
+        (op, outputs[0], label_of(sources, outputs[0]))
+        for op, _, outputs in graph
+        if op in ops and outputs
+    ]

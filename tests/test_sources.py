@@ -1,0 +1,121 @@
+"""quant.sources: the module of the user's model behind a graph's tensor names.
+
+On hand-made graphs (each way a file records modules, and the neighbour rule for nodes that
+record none), and on the bundled text example's real export: every node gets its module, the
+attention softmax is ``blocks.N.attn.softmax`` and a Linear's MatMul is its own path. The worst
+layers of a whole conversion (ONNX and TFLite) are checked in tests/test_report_html.py, on the
+conversion it makes anyway.
+"""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import helper
+
+from quant.sources import (
+    CLASS_HIERARCHY,
+    NAME_SCOPES,
+    NAMESPACE,
+    Source,
+    derived_sources,
+    infer,
+    onnx_sources,
+    placed_ops,
+)
+
+
+def node(op: str, inputs: list[str], output: str, name: str = "", **metadata: str):
+    made = helper.make_node(op, inputs, [output], name=name or f"node_{output}")
+    for key, value in metadata.items():
+        entry = made.metadata_props.add()
+        entry.key, entry.value = key, value
+    return made
+
+
+def dynamo(scopes: list[str], classes: list[str]) -> dict[str, str]:
+    return {NAME_SCOPES: repr(scopes), CLASS_HIERARCHY: repr(classes)}
+
+
+def model(*nodes) -> onnx.ModelProto:
+    graph = helper.make_graph(list(nodes), "g", [], [])
+    return helper.make_model(graph)
+
+
+def test_each_way_a_file_records_its_modules() -> None:
+    linear = [
+        "Model",
+        "Block",
+        "Attention",
+        "torch.nn.modules.linear.Linear",
+        "aten.linear.default",
+    ]
+    sources = onnx_sources(model(
+        node("MatMul", ["x", "w"], "val_6",
+             **dynamo(["", "blocks.3", "blocks.3.attn", "blocks.3.attn.qkv", "linear"], linear)),
+        node("Softmax", ["val_6"], "softmax_3",
+             **dynamo(["", "blocks.3", "blocks.3.attn", "softmax_3"],
+                      ["Model", "Block", "Attention", "aten.softmax.int"])),
+        node("Add", ["softmax_3", "x"], "add",
+             **{NAMESPACE: ": Model/blocks.3: Block/add: aten.add.Tensor"}),
+        node("Mul", ["add", "x"], "legacy", name="/blocks.3/mlp/Mul"),
+        node("Reshape", ["legacy", "s"], "view_2",
+             **dynamo(["", "blocks.3", "blocks.3.attn", "_unsafe_view_2"],
+                      ["Model", "Block", "Attention", "aten._unsafe_view.default"])),
+    ))  # fmt: skip
+    assert sources["val_6"] == Source("blocks.3.attn.qkv", "linear", leaf=True)
+    assert sources["val_6"].label() == "blocks.3.attn.qkv"  # a Linear is its own path
+    assert sources["softmax_3"].label() == "blocks.3.attn.softmax"
+    assert sources["add"].label() == "blocks.3.add"
+    assert sources["legacy"].label() == "blocks.3.mlp.mul"
+    assert sources["view_2"].label() == "blocks.3.attn.view"  # torch's internal variant
+
+
+def test_unrecorded_nodes_take_their_neighbours_module() -> None:
+    known = {
+        "qkv": Source("blocks.0.attn.qkv", "linear", True),
+        "q": Source("blocks.0.attn", "view", False),
+        "k": Source("blocks.0.attn", "view", False),
+    }
+    graph = [
+        ("Split", ["qkv"], ["s0", "s1"]),  # between the qkv Linear and the attention's views
+        ("Reshape", ["s0"], ["q"]),
+        ("Reshape", ["s1"], ["k"]),
+        ("Transpose", ["k"], ["t1"]),  # a chain of two unrecorded nodes
+        ("Transpose", ["t1"], ["t2"]),
+        ("Cast", ["input"], ["lonely"]),  # nothing recorded anywhere near
+    ]
+    found = infer(graph, known)
+    assert found["s0"].label() == found["s1"].label() == "blocks.0.attn.split"
+    assert found["t1"].label() == found["t2"].label() == "blocks.0.attn.transpose"
+    assert "lonely" not in found
+    assert infer(graph, {}) == {}  # a file that records nothing gets no names
+    # a derived graph (renamed tensors, inserted ops) and the ops a target leaves to the CPU
+    tflite = [("FULLY_CONNECTED", ["x"], ["fc;add"]), ("SPLIT", ["fc;add"], ["sp0", "sp1"]),
+              ("RESHAPE", ["sp0"], ["rq"]), ("RESHAPE", ["sp1"], ["rk"])]  # fmt: skip
+    renamed = {"fc;add": "qkv", "rq": "q", "rk": "k"}
+    derived = derived_sources(tflite, known, renamed)
+    assert derived["sp0"].label() == "blocks.0.attn.split"
+    assert placed_ops(tflite, derived, {"SPLIT"}) == [("SPLIT", "sp0", "blocks.0.attn.split")]
+
+
+@pytest.fixture(scope="module")
+def text_export(tmp_path_factory: pytest.TempPathFactory) -> onnx.ModelProto:
+    from converters.pipeline import export_folded, load_and_fold
+    from edge_un import examples
+
+    path = tmp_path_factory.mktemp("sources") / "text.onnx"
+    export_folded(load_and_fold(examples.path("text-rt-un")), path, opset=20, dynamic_batch=False)
+    return onnx.load(str(path))
+
+
+def test_every_node_of_a_real_export_names_its_module(text_export) -> None:
+    sources = onnx_sources(text_export)
+    outputs = [out for n in text_export.graph.node for out in n.output if out]
+    assert outputs and all(out in sources for out in outputs), set(outputs) - set(sources)
+    softmaxes = [sources[n.output[0]].label() for n in text_export.graph.node
+                 if n.op_type == "Softmax"]  # fmt: skip
+    assert softmaxes[:2] == ["blocks.0.attn.softmax", "blocks.1.attn.softmax"], softmaxes
+    matmuls = {sources[n.output[0]].label() for n in text_export.graph.node if n.op_type == "MatMul"
+               and n.input[1] in {i.name for i in text_export.graph.initializer}}  # fmt: skip
+    assert "blocks.0.attn.qkv" in matmuls and "blocks.0.mlp.fc1" in matmuls
