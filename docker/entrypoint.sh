@@ -5,11 +5,13 @@
 #
 # Started as root (the image's default user), it takes the owner uid/gid of
 #   - $EDGE_UN_DATA_DIR for serve, worker and token (the volume: uid 1000 unless mounted from
-#     the host), the nearest existing parent if it does not exist yet;
+#     the host); when that is root's, or does not exist yet, the image's user edge-un (uid
+#     1000; a new directory is made for it): the network-facing service never runs as root;
 #   - the working directory otherwise (/data, where README's commands mount yours);
-# and drops to it with setpriv (no supplementary groups), as database images do. A
-# root-owned directory keeps root: only root may write there (and with rootless Docker or
-# podman that root is the host user). Started with --user (not root), it just runs.
+# and drops to it with setpriv (no supplementary groups), as database images do. For a
+# one-off command a root-owned directory keeps root: only root may write there (and with
+# rootless Docker or podman that root is the host user). Started with --user (not root), it
+# just runs.
 # Either way the process gets a HOME it can write (caches: torch, matplotlib, Hugging Face,
 # ONNX Runtime), whatever its uid, and USER/LOGNAME when the uid has no passwd entry.
 set -eu
@@ -53,9 +55,33 @@ set_user_env() { # uid gid
     export HOME
 }
 
+# the subcommand: the first argument after the options (`edge-un --debug serve`)
+subcommand() {
+    shift # the program
+    for arg in "$@"; do
+        case $arg in
+        -*) ;;
+        *) echo "$arg" && return ;;
+        esac
+    done
+}
+
+# "uid gid" to run the service as: the data directory's owner, else the image's user
+service_ids() {
+    data=${EDGE_UN_DATA_DIR:-$PWD}
+    if [ -d "$data" ] && [ "$(stat -c %u "$data")" != 0 ]; then
+        stat -c '%u %g' "$data"
+        return
+    fi
+    if [ ! -e "$data" ]; then
+        mkdir -p "$data" && chown edge-un:edge-un "$data"
+    fi
+    echo "$(id -u edge-un) $(id -g edge-un)"
+}
+
 if [ "$(id -u)" = 0 ]; then
-    case ${2-} in
-    serve | worker | token) ids=$(owner_of "${EDGE_UN_DATA_DIR:-$PWD}") ;;
+    case $(subcommand "$@") in
+    serve | worker | token) ids=$(service_ids) ;;
     *) ids=$(owner_of "$PWD") ;;
     esac
     uid=${ids% *} gid=${ids#* }

@@ -61,7 +61,7 @@ def _literal_list(text: str | None) -> list[str]:
         return []
     try:
         value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except Exception:  # an uploaded file's metadata: whatever it holds, no names
         return []
     return [str(v) for v in value] if isinstance(value, list) else []
 
@@ -83,8 +83,10 @@ def node_source(node: onnx.NodeProto) -> Source | None:
         pairs = [part.split(": ", 1) for part in props[NAMESPACE].split("/")]
         scopes = [p[0].strip() for p in pairs]
         classes = [p[1].strip() if len(p) > 1 else "" for p in pairs]
-    if scopes:
-        module = scopes[-2] if len(scopes) >= 2 else ""
+    # One scope is the node's own name and no module stack (torch records none for nodes it
+    # makes itself): unrecorded, so that it takes its neighbours' module, not the model's root.
+    if len(scopes) >= 2:
+        module = scopes[-2]
         op = _torch_op(classes[-1]) if classes else _COUNTER.sub("", scopes[-1])
         leaf = len(classes) >= 2 and classes[-2].startswith(TORCH_LAYERS)
         return Source(module, op, leaf)

@@ -67,15 +67,18 @@ class Form:
 
 
 def parse_targets(text: str | None) -> str:
-    """ "cpu, imx93" -> "cpu,imx93"; blank or "all" -> every target, named (the job then says
-    what it builds); 422 if unknown."""
+    """ "cpu, imx93" -> "cpu,imx93"; blank or "all" -> every target this installation can
+    build, named (the job then says what it builds); 422 if unknown or not buildable here."""
+    from quant.availability import TargetUnavailableError, targets_to_build
     from quant.errors import UnknownTargetError
-    from quant.targets import parse_targets as profiles
 
     try:
-        return ",".join(p.name for p in profiles(text))
+        profiles, _ = targets_to_build(text)
     except UnknownTargetError as error:
         raise Problem(422, f"{error} (GET /v1/targets describes each)", "Unknown target") from None
+    except TargetUnavailableError as error:
+        raise Problem(422, str(error), "Target not available") from None
+    return ",".join(p.name for p in profiles)
 
 
 def parse_max_drift(text: str | None) -> float:

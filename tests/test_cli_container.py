@@ -153,3 +153,22 @@ def test_convert_refuses_a_named_target_it_cannot_build_before_any_work(tmp_path
         f"environment is missing at {tmp_path / 'no-tflite-env'}"
     ), result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
+
+
+def test_the_service_defaults_to_the_targets_this_installation_can_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upload's targets are chosen the way `convert` chooses them: the default leaves out
+    what the installation cannot build, a named one it cannot build is a 422 before any work."""
+    from quant import toolenv
+    from service import intake
+    from service.problems import Problem
+
+    if toolenv.is_ready():
+        assert intake.parse_targets(None) == "cpu,imx93,imx8mp,tda4vm"
+    monkeypatch.setenv("EDGE_UN_TFLITE_ENV", str(tmp_path / "no-tflite-env"))
+    assert intake.parse_targets(None) == intake.parse_targets("all") == "cpu,tda4vm"
+    with pytest.raises(Problem) as refused:
+        intake.parse_targets("cpu, imx8mp")
+    assert refused.value.status == 422
+    assert refused.value.detail.startswith("this installation cannot build imx8mp: the TFLite")

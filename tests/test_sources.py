@@ -71,6 +71,22 @@ def test_each_way_a_file_records_its_modules() -> None:
     assert sources["view_2"].label() == "blocks.3.attn.view"  # torch's internal variant
 
 
+def test_a_node_without_a_module_stack_takes_its_neighbours_module() -> None:
+    attn = ["Model", "Block", "Attention", "aten.softmax.int"]
+    sources = onnx_sources(model(
+        node("Softmax", ["x"], "softmax_3",
+             **dynamo(["", "blocks.3", "blocks.3.attn", "softmax_3"], attn)),
+        node("Reshape", ["softmax_3", "s"], "view_9",  # its own name only: no stack
+             **dynamo(["view_9"], ["aten.view.default"])),
+        node("MatMul", ["view_9", "v"], "matmul_3",
+             **dynamo(["", "blocks.3", "blocks.3.attn", "matmul_3"], attn)),
+        node("Relu", ["matmul_3"], "bad",  # metadata no literal can parse: no record, no crash
+             **{NAME_SCOPES: "{[1]: 2}", CLASS_HIERARCHY: "-" * 10000 + "1"}),
+    ))  # fmt: skip
+    assert sources["view_9"] == Source("blocks.3.attn", "reshape", leaf=False)
+    assert sources["bad"].label() == "blocks.3.attn.relu"
+
+
 def test_unrecorded_nodes_take_their_neighbours_module() -> None:
     known = {
         "qkv": Source("blocks.0.attn.qkv", "linear", True),

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -13,9 +12,6 @@ from . import output
 from .app import command
 from .choices import DEFAULT_MODEL, EXAMPLES, HF_EXAMPLES, TARGETS
 from .summary import print_summary
-
-if TYPE_CHECKING:
-    from quant.targets import TargetProfile
 
 PANEL = "Convert"
 MODEL_HELP = (
@@ -43,48 +39,17 @@ def _source(name: str) -> Path:
     return source
 
 
-def unavailable(profile: TargetProfile) -> str | None:
-    """Why this installation cannot build ``profile``'s artifacts, or None if it can. Looks only
-    at what is installed (nothing is imported or run): ``edge-un targets`` stays light."""
-    from quant import toolenv
-
-    if "onnx_qdq" in profile.artifacts and importlib.util.find_spec("onnxruntime") is None:
-        return "needs ONNX Runtime: pip install 'edge-un[export]'"
-    if "tflite" in profile.artifacts:
-        try:
-            toolenv.require()
-        except toolenv.ToolEnvMissingError as error:  # names the command that creates it
-            return f"{error}; the edge-un:onnx Docker image has none (use edge-un:latest)"
-        except OSError as error:  # e.g. another user's environment
-            return f"the TFLite converter environment at {toolenv.env_dir()}: {error}"
-        if importlib.util.find_spec("ai_edge_litert") is None:
-            return "needs LiteRT: pip install 'edge-un[quant]'"
-    if "vela" in profile.artifacts and importlib.util.find_spec("ethosu") is None:
-        return "needs Vela: pip install 'edge-un[quant]'"
-    return None
-
-
 def _targets_here(spec: str | None) -> str:
     """The targets to build. Default: every target this installation can build (the others
     are named in a note); a target asked for by name that cannot be built here is refused
     before any work, in one line."""
-    from quant.targets import PROFILES, parse_targets
+    from quant.availability import targets_to_build
 
-    if spec is None:
-        missing = {p.name: why for p in PROFILES.values() if (why := unavailable(p))}
-        names = [name for name in PROFILES if name not in missing]
-        if not names:
-            raise ValueError(f"this installation can build no target: {missing}")
-        for reason in dict.fromkeys(missing.values()):
-            skipped = ", ".join(name for name, why in missing.items() if why == reason)
-            output.note(
-                f"targets: {', '.join(names)} (not {skipped}: {reason}; see edge-un targets)"
-            )
-        return ",".join(names)
-    profiles = parse_targets(spec)  # an unknown name: UnknownTargetError, one line
-    for profile in profiles:
-        if why := unavailable(profile):
-            raise ValueError(f"this installation cannot build {profile.name}: {why}")
+    profiles, missing = targets_to_build(spec)
+    names = ", ".join(p.name for p in profiles)
+    for reason in dict.fromkeys(missing.values()):
+        skipped = ", ".join(name for name, why in missing.items() if why == reason)
+        output.note(f"targets: {names} (not {skipped}: {reason}; see edge-un targets)")
     return ",".join(p.name for p in profiles)
 
 
@@ -255,18 +220,16 @@ def export(
 def targets() -> int:
     """List the edge targets, the rules their artifacts follow, and whether this installation
     can build each (`convert` builds those by default)."""
+    from quant.availability import missing_targets
     from quant.targets import PROFILES
 
     listing = output.table("target", "here", "board, runtime, artifacts", "rules")
     listing.show_lines = True
-    missing = {}
+    missing = missing_targets()
     for profile in PROFILES.values():
         about = f"{profile.board}\n{profile.runtime}\nartifacts: {', '.join(profile.artifacts)}"
         rules = "\n".join(f"- {rule}" for rule in profile.rules)
-        why = unavailable(profile)
-        if why:
-            missing[profile.name] = why
-        listing.add_row(profile.name, "no" if why else "yes", about, rules)
+        listing.add_row(profile.name, "no" if profile.name in missing else "yes", about, rules)
     console = output.stdout()
     output.print_table(console, listing)
     here = [name for name in PROFILES if name not in missing]
