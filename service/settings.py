@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Room for the boards' real Transformers: BERT-base is 110 M parameters, ViT-B/16 86 M.
@@ -35,6 +36,10 @@ class Settings(BaseSettings):
     job_memory_mb: int = Field(12288, ge=0)
     max_attempts: int = Field(2, ge=1)  # runs of a job interrupted by a server crash
     auth: Literal["tokens", "none"] = "tokens"
+    # The address people reach the service at, e.g. https://edge-un.example.com behind a TLS
+    # proxy: uvicorn sees the proxy's plain-HTTP request, so the web page's Origin check and
+    # its cookies' Secure flag need to be told. None: the address of each request as it arrives.
+    public_url: str | None = None
     # "local": the embedded queue (job processes of the API server, nothing else to run);
     # "celery": the API only records and sends; `edge-un worker` processes convert.
     queue: Literal["local", "celery"] = "local"
@@ -45,6 +50,36 @@ class Settings(BaseSettings):
     job_threads: int | None = Field(None, ge=1)  # torch/ORT threads per job; None = default
     progress_interval_s: float = Field(0.5, ge=0)  # least time between progress writes
     poll_interval_s: float = Field(0.5, gt=0)  # dispatcher tick when nothing wakes it
+
+    @field_validator("public_url")
+    @classmethod
+    def _an_origin(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        url = urlsplit(value.strip())
+        try:
+            url.port  # noqa: B018 (read to check it: urlsplit parses the port lazily)
+        except ValueError:
+            url = url._replace(scheme="")  # refused just below
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(
+                f"EDGE_UN_PUBLIC_URL {value[:80]!r} is not an address people open: give "
+                "https://HOST (or http://HOST:PORT)"
+            )
+        return value.strip()
+
+    @property
+    def public_origin(self) -> str | None:
+        """EDGE_UN_PUBLIC_URL as a browser's Origin header names it (scheme://host[:port],
+        lower case, no default port, no path), or None when it is not set."""
+        if self.public_url is None:
+            return None
+        url = urlsplit(self.public_url)
+        port = url.port
+        default = {"http": 80, "https": 443}[url.scheme]
+        host = url.hostname or ""
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address, as Origin writes it
+        return f"{url.scheme}://{host}" + ("" if port in (None, default) else f":{port}")
 
     @model_validator(mode="after")
     def _celery_needs_a_broker(self) -> Settings:

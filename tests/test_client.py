@@ -24,7 +24,7 @@ from edge_un import examples
 from service.api.schemas import JobOut
 from service.client import Client, ServiceError
 
-from .service_live import ROOT, LiveServer, fast_job_files
+from .service_live import ROOT, LiveServer, fast_job_files, hold_hook, is_problem, wait_for
 from .test_cli import ANSI, run_in_terminal
 
 MODEL = examples.path("vit-mnist-un")
@@ -119,8 +119,9 @@ def test_errors_carry_the_servers_detail(server, token, finished):
         with pytest.raises(ServiceError) as error:
             client.submit(MODEL, targets="cpu,npu9000")
         assert error.value.status == 422 and "npu9000" in error.value.detail
-        with pytest.raises(ServiceError, match="already succeeded"):
+        with pytest.raises(ServiceError, match="already succeeded") as error:
             client.cancel(job.id)
+        assert error.value.status == 409
     for address in ("not-a-url", "127.0.0.1:8000", "ftp://host/"):  # refused, never retried
         with pytest.raises(ServiceError, match="is not a service address: give http://"):
             Client(address, token)
@@ -142,6 +143,61 @@ def test_cancel_a_running_job(server, token):
         assert client.wait(job.id, timeout_s=60).state == "cancelled"
 
 
+def test_cancel_never_deletes_a_finished_job(server, token, finished):
+    """POST /v1/conversions/{id}/cancel of a finished job: a 409 naming its state, and the job
+    and its files as they were (DELETE, which the client used to cancel with, removes both
+    when the job finishes between a look at its state and the request)."""
+    job, _ = finished
+    with server.client(token) as api:
+        files = api.get(f"/v1/conversions/{job.id}/artifacts").json()
+        refused = is_problem(api.post(f"/v1/conversions/{job.id}/cancel"), 409)
+        assert refused["detail"] == f"the conversion {job.id} already succeeded: nothing to cancel"
+        still = api.get(f"/v1/conversions/{job.id}")
+        assert still.status_code == 200 and still.json()["state"] == "succeeded", still.text
+        assert api.get(f"/v1/conversions/{job.id}/artifacts").json() == files
+        int8 = api.get(f"/v1/conversions/{job.id}/artifacts/cpu/model_int8.onnx")
+        assert int8.status_code == 200 and int8.content
+        is_problem(api.post("/v1/conversions/no-such-job/cancel"), 404)
+    with server.client(server.token("stranger")) as other:  # another token's job: not found
+        is_problem(other.post(f"/v1/conversions/{job.id}/cancel"), 404)
+    with server.client(token) as api:
+        assert api.get(f"/v1/conversions/{job.id}").json()["state"] == "succeeded"
+
+
+def test_cancel_a_queued_and_a_held_running_job(tmp_path):
+    """The cancel of a job that is running (held running by the hold hook, however fast the
+    machine) and of one queued behind it (one worker): both cancelled, through the client and
+    `edge-un cancel`; a second cancel is the 409 of a finished job."""
+    env, hold = hold_hook(tmp_path / "hook")
+    live = LiveServer(tmp_path / "data", EDGE_UN_WORKERS="1", **env).start()
+    try:
+        token = live.token("canceller")
+        files = fast_job_files()
+        with Client(live.url, token) as client:
+            running, queued = (
+                client.submit(
+                    files["model"], targets="cpu", calib=files["calib"], eval=files["eval"]
+                )
+                for _ in range(2)
+            )
+            with live.client(token) as api:
+                wait_for(api, running.id, ("running",), stage_not_in=("starting", None))
+            assert client.job(queued.id).state == "queued"
+            cancelled = client.cancel(queued.id)
+            assert (cancelled.id, cancelled.state) == (queued.id, "cancelled")
+            result = run_cli("cancel", running.id, server=live, token=token)
+            assert result.returncode == 0, result.stderr
+            assert result.stdout.startswith(f"{running.id} cancelled"), result.stdout
+            hold.unlink()
+            for job in (running, queued):
+                assert client.wait(job.id, timeout_s=60).state == "cancelled"
+                with pytest.raises(ServiceError, match="already cancelled: nothing to cancel"):
+                    client.cancel(job.id)
+    finally:
+        hold.unlink(missing_ok=True)
+        live.stop()
+
+
 class _QuietServer(ThreadingHTTPServer):
     def handle_error(self, request: object, client_address: object) -> None:
         pass  # a client closing a kept-alive connection (as the client under test does)
@@ -155,8 +211,10 @@ class Front:
     the service restarts): the requests whose ``METHOD /path`` contains ``when`` get, in order, what
     ``script`` says, then every request is forwarded. ``503:N`` a problem+json 503 with
     ``Retry-After: N`` (``503`` without one), ``drop`` the request read and the connection
-    closed without an answer, ``half`` the server's answer cut off after half its body. Bound
-    at once but listening only after ``listen()``: until then a connection is refused."""
+    closed without an answer, ``half`` the server's answer cut off after half its body,
+    ``301`` a redirect to the same path on https://edge-un.example (a proxy that wants TLS),
+    ``html`` a 200 that is a proxy's HTML page. Bound at once but listening only after
+    ``listen()``: until then a connection is refused."""
 
     def __init__(self, upstream: str, script: list[str], when: str = "") -> None:
         self.script, self.when = list(script), when
@@ -175,6 +233,16 @@ class Front:
                     action = front.script.pop(0)
                 if action == "drop":
                     self.close_connection = True
+                    return
+                if action in ("301", "html"):
+                    page = b"<html><body>Moved, or a sign-in page of the proxy</body></html>"
+                    self.send_response(301 if action == "301" else 200)
+                    if action == "301":
+                        self.send_header("Location", f"https://edge-un.example{self.path}")
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    self.wfile.write(page)
                     return
                 if action.startswith("503"):
                     problem = json.dumps(RESTARTING).encode()
@@ -280,6 +348,42 @@ def test_retries_503_and_lost_connections_with_backoff(server, token, finished, 
         assert sha256(path) == {a.name: a.sha256 for a in client.artifacts(job.id)}[name]
 
 
+def test_a_redirect_or_a_page_that_is_no_answer_is_one_service_error(server, token, finished):
+    """A proxy before the service answers 301 (to https://) or its own HTML page: the client
+    follows nothing, parses nothing it cannot read, and says what to do in one ServiceError."""
+    job, _ = finished
+    path = f"/v1/conversions/{job.id}"
+    with Front(server.url, ["301"] * 4) as front, Client(front.url, token) as client:
+        front.listen()
+        for call in (lambda: client.job(job.id), lambda: client.cancel(job.id),
+                     client.jobs, lambda: client.download(job.id, ".")):  # fmt: skip
+            with pytest.raises(ServiceError) as error:
+                call()
+            assert error.value.status == 301
+            assert "use https://edge-un.example as --server" in str(error.value), error.value
+        assert f"to https://edge-un.example{path}/artifacts; use" in str(error.value)
+        assert [m for m, _, _ in front.seen] == ["GET", "POST", "GET", "GET"]  # none followed
+    with Front(server.url, ["html"] * 2) as front, Client(front.url, token) as client:
+        front.listen()
+        with pytest.raises(ServiceError) as error:
+            client.job(job.id)
+        assert str(error.value) == (
+            f"the answer to GET {front.url}{path} (HTTP 200, text/html) is not the JobOut this "
+            f"client reads (1 problem(s)); is {front.url} an edge-un service?"
+        )
+        with pytest.raises(ServiceError, match=r"is not the list of ArtifactOut this client"):
+            client.artifacts(job.id)
+        assert client.job(job.id).state == "succeeded"  # through the front: it passes now
+    # the command line: that one line, exit 1, no traceback
+    with Front(server.url, ["301"]) as front:
+        front.listen()
+        result = run_cli("status", job.id, "--server", front.url, server=server, token=token)
+    assert result.returncode == 1 and result.stderr == (
+        f"edge-un status: error: GET {front.url}{path}: the server redirected (HTTP 301) to "
+        f"https://edge-un.example{path}; use https://edge-un.example as --server\n"
+    )
+
+
 def run_cli(*args: str, server: LiveServer, token: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "EDGE_UN_SERVER": server.url,
            "EDGE_UN_TOKEN": token}  # fmt: skip
@@ -335,8 +439,10 @@ def test_submit_wait_download_is_convert_over_http(server, token, tmp_path):
     # errors: the server's detail in one line, exit 1, no traceback
     cancel = run_cli("cancel", job_id, server=server, token=token)
     assert cancel.returncode == 1
-    assert cancel.stderr == (f"edge-un cancel: error: the conversion {job_id} already "
-                             "succeeded: nothing to cancel\n")  # fmt: skip
+    assert cancel.stderr == (
+        f"edge-un cancel: error: the conversion {job_id} already "
+        "succeeded: nothing to cancel (HTTP 409 Already finished)\n"
+    )
     missing = run_cli("status", "nope", server=server, token=token)
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1
     assert missing.stderr.startswith("edge-un status: error: no conversion 'nope' for this token")

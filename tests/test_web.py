@@ -9,6 +9,7 @@ token or from another origin. Under CI=true a missing Chromium fails the test, n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -22,7 +23,7 @@ from edge_un import examples
 from service.report_html import CSP
 
 from .servers import missing
-from .service_live import LiveServer
+from .service_live import LiveServer, is_problem, upload_fast, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -214,6 +215,7 @@ def test_every_page_has_the_report_policy_and_forms_need_their_token(server) -> 
         assert signed.status_code == 303 and "edge_un_session" in web.cookies
         cookie = next(c for c in signed.headers.get_list("set-cookie") if "edge_un_session" in c)
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+        assert "Secure" not in cookie  # plain HTTP, no EDGE_UN_PUBLIC_URL: a browser drops it
         for path in ("/ui/signin", "/ui/", "/ui/new", "/ui/jobs/nope", "/ui/jobs/nope/report"):
             response = web.get(path)
             assert response.headers["content-security-policy"] == CSP, path
@@ -228,3 +230,111 @@ def test_every_page_has_the_report_policy_and_forms_need_their_token(server) -> 
                            data={"targets": "npu9000"})  # fmt: skip
         assert bad.status_code == 422 and "npu9000" in bad.text  # the API's checks, as a page
         assert web.get("/ui/").text.count('<tr id="job-') == 0
+
+
+def test_behind_a_tls_proxy_forms_come_from_the_public_url(tmp_path) -> None:
+    """EDGE_UN_PUBLIC_URL=https://x.example, as behind a TLS proxy: uvicorn sees plain HTTP on
+    127.0.0.1, the browser is at https://x.example. A sign-in from there is accepted and its
+    cookies are Secure; one whose Origin is the address uvicorn sees is another site's."""
+    live = LiveServer(tmp_path / "data", EDGE_UN_PUBLIC_URL="https://x.example").start()
+    try:
+        token = live.token("proxied")
+        # by hand: httpx keeps Secure cookies from a plain-HTTP server, and never sends them
+        with httpx.Client(base_url=live.url) as web:
+            page = web.get("/ui/signin")
+            (csrf_cookie,) = page.headers.get_list("set-cookie")
+            assert "Secure" in csrf_cookie and csrf_cookie.startswith("edge_un_csrf=")
+            csrf = csrf_cookie.split(";")[0].split("=", 1)[1]
+            form = {"token": token, "csrf": csrf}
+            jar = {"Cookie": f"edge_un_csrf={csrf}"}
+            direct = web.post("/ui/signin", data=form, headers={**jar, "Origin": live.url})
+            assert direct.status_code == 403 and "another site" in direct.text
+            assert not direct.headers.get_list("set-cookie")
+            signed = web.post("/ui/signin", data=form,
+                              headers={**jar, "Origin": "https://x.example"})  # fmt: skip
+            assert signed.status_code == 303, signed.text
+            cookies = {c.split("=")[0]: c for c in signed.headers.get_list("set-cookie")}
+            assert set(cookies) == {"edge_un_session", "edge_un_csrf"}
+            assert all("Secure" in c and "HttpOnly" in c for c in cookies.values()), cookies
+            # a Referer names the page's origin as well, when there is no Origin
+            referer = {**jar, "Referer": "https://x.example/ui/signin"}
+            referred = web.post("/ui/signin", data=form, headers=referer)
+            assert referred.status_code == 303
+    finally:
+        live.stop()
+
+
+def test_a_form_of_too_many_fields_is_a_400(server) -> None:
+    """parse_qs refuses more than 8 fields with a ValueError: the page's 400, never a 500."""
+    token = server.token("many-fields")
+    with httpx.Client(base_url=server.url) as web:
+        web.get("/ui/signin")
+        csrf = web.cookies["edge_un_csrf"]
+        crowded = {"token": token, "csrf": csrf, **{f"f{i}": "x" for i in range(9)}}
+        refused = web.post("/ui/signin", data=crowded)
+        assert refused.status_code == 400 and "more than 8 fields" in refused.text
+        assert "edge_un_session" not in web.cookies
+        assert web.post("/ui/signin", data={"token": token, "csrf": csrf}).status_code == 303
+        csrf = web.cookies["edge_un_csrf"]
+        for path in ("/ui/signout", "/ui/jobs/nope/cancel"):
+            answer = web.post(path, data={"csrf": csrf, **{f"f{i}": "x" for i in range(9)}})
+            assert answer.status_code == 400 and "more than 8 fields" in answer.text, path
+            assert answer.headers["content-security-policy"] == CSP
+
+
+@pytest.fixture(scope="module")
+def finished_job(server: LiveServer) -> tuple[str, str]:
+    """(token, id) of a quick conversion that succeeded, made over the API."""
+    token = server.token("erin")
+    with server.client(token) as api:
+        created = upload_fast(api)
+        assert created.status_code == 202, created.text
+        job_id = created.json()["id"]
+        wait_for(api, job_id, ("succeeded",), timeout=300)
+    return token, job_id
+
+
+@contextlib.contextmanager
+def signed_in_web(server: LiveServer, token: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=120) as web:
+        web.get("/ui/signin")
+        form = {"token": token, "csrf": web.cookies["edge_un_csrf"]}
+        assert web.post("/ui/signin", data=form).status_code == 303
+        assert "edge_un_session" in web.cookies
+        yield web
+
+
+def test_downloads_from_the_page_are_never_cached(server, finished_job) -> None:
+    """The API's artifacts are immutable for a year; the page's copies of them are no-store
+    (a signed-out browser must not keep them)."""
+    token, job_id = finished_job
+    name = "cpu/model_int8.onnx"
+    with server.client(token) as api:
+        original = api.get(f"/v1/conversions/{job_id}/artifacts/{name}")
+    assert "immutable" in original.headers["cache-control"]
+    with signed_in_web(server, token) as web:
+        for path in (f"/artifacts/{name}", "/bundle.zip"):
+            response = web.get(f"/ui/jobs/{job_id}{path}")
+            assert response.status_code == 200, (path, response.text[:300])
+            assert response.headers["cache-control"] == "no-store", path
+            assert response.headers["content-security-policy"] == CSP, path
+        assert web.get(f"/ui/jobs/{job_id}/artifacts/{name}").content == original.content
+        # a revalidation of the API's ETag is not the way back to a cached copy either
+        etag = original.headers["etag"]
+        again = web.get(f"/ui/jobs/{job_id}/artifacts/{name}", headers={"If-None-Match": etag})
+        assert again.headers["cache-control"] == "no-store"
+
+
+def test_cancel_on_the_page_never_deletes_a_finished_job(server, finished_job) -> None:
+    """The page's cancel is the API's cancel: a finished job is a 409 page, and it stays, files
+    and all (the page used to cancel through DELETE, which deletes what finished meanwhile)."""
+    token, job_id = finished_job
+    with signed_in_web(server, token) as web:
+        answer = web.post(f"/ui/jobs/{job_id}/cancel", data={"csrf": web.cookies["edge_un_csrf"]})
+        assert answer.status_code == 409, answer.text[:300]
+        assert "already succeeded: nothing to cancel" in answer.text
+    with server.client(token) as api:
+        assert api.get(f"/v1/conversions/{job_id}").json()["state"] == "succeeded"
+        files = api.get(f"/v1/conversions/{job_id}/artifacts")
+        assert files.status_code == 200 and files.json()
+        is_problem(api.post(f"/v1/conversions/{job_id}/cancel"), 409)

@@ -1,4 +1,4 @@
-"""/v1/conversions: create, list, read, cancel/delete a job; its report, artifacts and bundle.
+"""/v1/conversions: create, list, read, cancel, delete a job; its report, artifacts and bundle.
 
 Thin: each route checks who asks, calls service.intake / service.jobs / the artifact store,
 and shapes the answer. Another token's job is a 404, exactly like a job that does not exist.
@@ -169,21 +169,53 @@ def delete_conversion(
     job_id: JobId, request: Request, services: ServicesDep, principal: PrincipalDep
 ) -> JobOut | Response:
     """Cancel a queued or running conversion (200, the job); delete a finished one and its
-    files (204)."""
+    files (204). To cancel only, never delete: POST /v1/conversions/{id}/cancel."""
     job = _job(services, principal, job_id)
-    with session_scope(services.settings) as session:
-        if job.state in ("queued", "running") and jobs.cancel(session, job.id):
-            cancelled = jobs.get(session, job.id, principal.token_id)
-        else:
-            cancelled = None
-            jobs.remove(session, job.id)
+    cancelled = _cancel(services, principal, job)
     if cancelled is not None:
-        services.queue.cancel(job.id)
-        if job.state == "queued":  # no process will clean up after it
-            services.store.delete_uploads(job.id)
         return JobOut.of(cancelled, _base(request))
+    with session_scope(services.settings) as session:
+        jobs.remove(session, job.id)
     services.store.delete(job.id)
     return Response(status_code=204)
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS)
+def cancel_conversion(
+    job_id: JobId, request: Request, services: ServicesDep, principal: PrincipalDep
+) -> JobOut:
+    """Cancel a queued or running conversion (the job, now cancelled); a finished one is left
+    as it is, with its files (409)."""
+    return JobOut.of(cancel(services, principal, job_id), _base(request))
+
+
+def cancel(services: Services, principal: Principal, job_id: str) -> Job:
+    """Cancel this principal's queued or running job; the cancelled job. A job that already
+    finished (also one that finished a moment ago, after the caller last looked) is a 409 and
+    stays as it is: a cancel never deletes anything."""
+    job = _job(services, principal, job_id)
+    cancelled = _cancel(services, principal, job)
+    if cancelled is None:
+        state = _job(services, principal, job_id).state
+        raise Problem(
+            409,
+            f"the conversion {job.id} already {state}: nothing to cancel",
+            "Already finished",
+        )
+    return cancelled
+
+
+def _cancel(services: Services, principal: Principal, job: Job) -> Job | None:
+    """Cancel ``job`` if it is still queued or running (the move is one conditional update, so
+    a job finishing meanwhile is not cancelled): the cancelled job, else None."""
+    with session_scope(services.settings) as session:
+        if job.state not in ("queued", "running") or not jobs.cancel(session, job.id):
+            return None
+        cancelled = jobs.get(session, job.id, principal.token_id)
+    services.queue.cancel(job.id)
+    if job.state == "queued":  # no process will clean up after it
+        services.store.delete_uploads(job.id)
+    return cancelled
 
 
 @router.get(

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from ..api.schemas import ArtifactOut, JobOut, JobPage, TargetOut
 from .errors import ServiceError, problem_error, reason
@@ -25,6 +26,7 @@ RETRY_STATUSES = frozenset({503})
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, read=600.0)
 Progress = Callable[[JobOut], None]
 FileProgress = Callable[[str, int, int], None]  # artifact name, bytes so far, bytes in all
+T = TypeVar("T")
 
 
 class Client:
@@ -106,8 +108,7 @@ class Client:
             if response.status_code in RETRY_STATUSES and not last:
                 self._backoff(attempt, f"HTTP {response.status_code}", response)
                 continue
-            if response.status_code >= 400:
-                raise problem_error(response)
+            _check(response, self.server)
             return response
         raise AssertionError("unreachable")  # the loop returns or raises
 
@@ -150,16 +151,16 @@ class Client:
                 return {"files": parts, "data": data}
 
             response = self._request("POST", "/v1/conversions", resend=False, build=build)
-        return JobOut.model_validate_json(response.content)
+        return _parse(response, JobOut)
 
     def job(self, job_id: str) -> JobOut:
-        return JobOut.model_validate_json(self._request("GET", _job_path(job_id)).content)
+        return _parse(self._request("GET", _job_path(job_id)), JobOut)
 
     def jobs(self, limit: int = 20, offset: int = 0) -> JobPage:
         """One page of this token's jobs, newest first."""
         params = {"limit": limit, "offset": offset}
         response = self._request("GET", "/v1/conversions", params=params)
-        return JobPage.model_validate_json(response.content)
+        return _parse(response, JobPage)
 
     def all_jobs(self) -> Iterator[JobOut]:
         offset = 0
@@ -195,24 +196,16 @@ class Client:
             self._wait(interval_s)
 
     def cancel(self, job_id: str) -> JobOut:
-        """Cancel a queued or running job (never deletes a finished one: see ``delete``)."""
-        job = self.job(job_id)
-        if job.state in FINISHED:
-            raise ServiceError(
-                f"the conversion {job_id} already {job.state}: nothing to cancel", status=409
-            )
-        response = self._request("DELETE", _job_path(job_id))
-        if response.status_code == 204:  # it finished meanwhile, and DELETE removed it
-            raise ServiceError(f"the conversion {job_id} finished before the cancel; deleted")
-        return JobOut.model_validate_json(response.content)
+        """Cancel a queued or running job; the cancelled job. A finished one is a ServiceError
+        (409) and stays as it is: the server's cancel never deletes (``delete`` does)."""
+        return _parse(self._request("POST", f"{_job_path(job_id)}/cancel"), JobOut)
 
     def delete(self, job_id: str) -> None:
         """Delete a finished job and its files (cancels one still queued or running)."""
         self._request("DELETE", _job_path(job_id))
 
     def targets(self) -> list[TargetOut]:
-        response = self._request("GET", "/v1/targets")
-        return [TargetOut.model_validate(item) for item in response.json()]
+        return _parse(self._request("GET", "/v1/targets"), list[TargetOut])
 
     # -- results -----------------------------------------------------------------------------
 
@@ -220,20 +213,14 @@ class Client:
         from quant.report import Report
 
         response = self._request("GET", f"{_job_path(job_id)}/report")
-        try:
-            return Report.model_validate_json(response.content)
-        except ValidationError as error:
-            raise ServiceError(
-                f"the server's report for {job_id} is not one this client reads "
-                f"({error.error_count()} problem(s)); upgrade edge-un"
-            ) from None
+        return _parse(response, Report, " (or a newer one: upgrade edge-un)")
 
     def report_html(self, job_id: str) -> str:
         return self._request("GET", f"{_job_path(job_id)}/report.html").text
 
     def artifacts(self, job_id: str) -> list[ArtifactOut]:
         response = self._request("GET", f"{_job_path(job_id)}/artifacts")
-        return [ArtifactOut.model_validate(item) for item in response.json()]
+        return _parse(response, list[ArtifactOut])
 
     def download(
         self,
@@ -291,9 +278,9 @@ class Client:
                     if response.status_code in RETRY_STATUSES and attempt < self.retries:
                         self._backoff(attempt, f"HTTP {response.status_code}", response)
                         continue
-                    if response.status_code >= 400:
+                    if not response.is_success:
                         response.read()
-                        raise problem_error(response)
+                        _check(response, self.server)
                     resumed = response.status_code == 206 and range_start(response) == have
                     with partial.open("ab" if resumed else "wb") as out:
                         done = have if resumed else 0
@@ -322,6 +309,51 @@ class Client:
             )
         partial.replace(path)
         return path
+
+
+def _check(response: httpx.Response, server: str) -> None:
+    """Raise the ServiceError of any answer but a 2xx. A 3xx too: the client follows no
+    redirect (it would re-send the token, or an upload, to wherever it points), so it names
+    the address to give as --server instead (a proxy's 301 from http:// to https://, say)."""
+    if response.is_success:
+        return
+    if not response.is_redirect:  # an error, or a 3xx without a Location
+        raise problem_error(response)
+    request = response.request
+    target = request.url.join(response.headers["location"])
+    # the address without this request's API path (and query): what --server should be
+    api_path = request.url.path[len(httpx.URL(server).path.rstrip("/")) :]
+    bare = str(target.copy_with(query=None, fragment=None))
+    suggested = bare[: -len(api_path)] if api_path and bare.endswith(api_path) else str(target)
+    raise ServiceError(
+        f"{request.method} {request.url}: the server redirected (HTTP {response.status_code}) "
+        f"to {target}; use {suggested} as --server",
+        status=response.status_code,
+    )
+
+
+@functools.cache
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(kind)
+
+
+def _parse(response: httpx.Response, kind: type[T], hint: str = "") -> T:
+    """A 2xx answer read as ``kind``: one that is not (a proxy's page, a server of another
+    version) is a ServiceError naming what came, never pydantic's many lines."""
+    try:
+        return _adapter(kind).validate_json(response.content)
+    except ValueError as error:  # pydantic's ValidationError is a ValueError too
+        count = error.error_count() if isinstance(error, ValidationError) else 1
+        args = getattr(kind, "__args__", ())
+        name = f"list of {args[0].__name__}" if args else kind.__name__
+        media = response.headers.get("content-type", "no Content-Type").split(";")[0]
+        url = response.request.url
+        raise ServiceError(
+            f"the answer to {response.request.method} {url} (HTTP {response.status_code}, "
+            f"{media}) is not the {name} this client reads ({count} problem(s)); is "
+            f"{url.scheme}://{url.netloc.decode('ascii', 'replace')} an edge-un service?{hint}",
+            status=response.status_code,
+        ) from None
 
 
 def _base_url(server: str) -> str:

@@ -4,7 +4,8 @@ functions (service.api.conversions) with the signed-in principal, so a page show
 the API answers that token, and another token's job is the same "not found".
 
 Every answer carries report.html's Content-Security-Policy as a header too, and is never cached
-(a signed-out browser must not show the jobs from its cache). Not in the OpenAPI document.
+(a signed-out browser must not show the jobs from its cache, nor keep their files: the
+downloads drop the API's year-long Cache-Control). Not in the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 MAX_FORM_BYTES = 16 * 1024  # a sign-in or button form; nobody's token is longer
+MAX_FORM_FIELDS = 8  # the page's forms send two (token or action, and csrf)
 JOBS_SHOWN = 50
 
 
@@ -77,7 +79,12 @@ async def _small_form(request: Request) -> dict[str, str]:
         body += chunk
         if len(body) > MAX_FORM_BYTES:
             raise Problem(413, "the form is too large")
-    fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
+    try:
+        fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=MAX_FORM_FIELDS)
+    except ValueError:  # parse_qs's answer to more fields than max_num_fields
+        raise Problem(
+            400, f"the form has more than {MAX_FORM_FIELDS} fields; send the page's own form"
+        ) from None
     return {name: values[0] for name, values in fields.items()}
 
 
@@ -109,7 +116,8 @@ async def signin(request: Request) -> Response:
         form = await _small_form(request)
         check_form(request, form.get(CSRF_FIELD))
     except Problem as problem:
-        return _html(request, pages.signin_page(csrf_token(request), problem.detail), 403)
+        page = pages.signin_page(csrf_token(request), problem.detail)
+        return _html(request, page, problem.status)
     secret = form.get("token", "")
     if not secret.strip() or await _in_thread(principal_of, request, secret) is None:
         error = "that token is unknown or revoked; create one with edge-un token create NAME"
@@ -223,9 +231,11 @@ def artifact(job_id: str, name: str, request: Request) -> Response:
     if isinstance(who, Response):
         return who
     try:
-        return conversions.get_artifact(job_id, name, request, services(request), who)
+        response = conversions.get_artifact(job_id, name, request, services(request), who)
     except Problem as problem:
         return _message(request, problem, who)
+    response.headers.update(HEADERS)  # no-store, not the API's "immutable for a year"
+    return response
 
 
 @router.get("/jobs/{job_id}/bundle.zip")
@@ -234,28 +244,32 @@ async def bundle(job_id: str, request: Request) -> Response:
     if who is None:
         return _redirect(f"{PREFIX}/signin")
     try:
-        return await conversions.get_bundle(job_id, services(request), who)
+        response = await conversions.get_bundle(job_id, services(request), who)
     except Problem as problem:
         return _message(request, problem, who)
+    response.headers.update(HEADERS)
+    return response
 
 
 @router.post("/jobs/{job_id}/{action}")
 async def job_action(job_id: str, action: str, request: Request) -> Response:
-    """``cancel`` (a queued or running job) or ``delete`` (a finished one, with its files)."""
+    """``cancel`` (a queued or running job; the API's cancel, which never deletes) or
+    ``delete`` (a finished one, with its files)."""
     who = await _in_thread(signed_in, request)
     if who is None:
         return _redirect(f"{PREFIX}/signin")
     service = services(request)
     try:
         check_form(request, (await _small_form(request)).get(CSRF_FIELD))
-        if action not in ("cancel", "delete"):
+        if action == "cancel":
+            await _in_thread(conversions.cancel_conversion, job_id, request, service, who)
+            return _redirect(f"{PREFIX}/jobs/{job_id}")
+        if action != "delete":
             raise Problem(404, f"there is no action {action[:40]!r} on a job")
         job = await _in_thread(conversions.get_conversion, job_id, request, service, who)
-        if action == "cancel" and job.state not in pages.ACTIVE:
-            raise Problem(409, f"the conversion already {job.state}: nothing to cancel")
-        if action == "delete" and job.state in pages.ACTIVE:
+        if job.state in pages.ACTIVE:
             raise Problem(409, f"the conversion is {job.state}; cancel it first")
         await _in_thread(conversions.delete_conversion, job_id, request, service, who)
     except Problem as problem:
         return _message(request, problem, who)
-    return _redirect(f"{PREFIX}/jobs/{job_id}" if action == "cancel" else f"{PREFIX}/")
+    return _redirect(f"{PREFIX}/")

@@ -2,13 +2,15 @@
 
 The session cookie holds the API token the person signed in with (HttpOnly: no script reads it;
 SameSite=Strict: no other site's page or link sends it; Path=/ui: the API never sees it;
-Secure over HTTPS). Each request checks the token as the API does, so a revoked token signs its
-holder out at once, and a token sees only its own jobs, exactly as over the API.
+Secure over HTTPS, which behind a TLS proxy only EDGE_UN_PUBLIC_URL can tell). Each request
+checks the token as the API does, so a revoked token signs its holder out at once, and a token
+sees only its own jobs, exactly as over the API.
 
 Forms are CSRF-safe three ways: the SameSite=Strict cookie; a double-submit token (a random
 value in its own cookie that every form repeats, which another site can neither read nor set);
 and the Origin (else Referer) of a POST, which must be this server's own when the browser sends
-one.
+one: EDGE_UN_PUBLIC_URL's when it is set (behind a proxy, uvicorn sees the proxy's address, not
+the one in the browser), else the scheme and Host the request arrived with.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def _cookie(request: Request, response: Response, name: str, value: str, max_age
         path=PREFIX,
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=_own_origin(request)[0] == "https",
     )
 
 
@@ -91,6 +93,16 @@ def keep_csrf(request: Request, response: Response) -> None:
         _cookie(request, response, CSRF_COOKIE, new, SESSION_MAX_AGE_S)
 
 
+def _own_origin(request: Request) -> tuple[str, str]:
+    """Where people reach this server (scheme, host[:port]): EDGE_UN_PUBLIC_URL's origin, else
+    the scheme and Host this request arrived with."""
+    public = services(request).settings.public_origin
+    if public is not None:
+        url = urlsplit(public)
+        return url.scheme, url.netloc
+    return request.url.scheme, request.url.netloc
+
+
 def _same_origin(request: Request) -> bool:
     """A POST's Origin, else its Referer, names this server (when the browser sends either)."""
     claimed = request.headers.get("origin") or request.headers.get("referer")
@@ -99,7 +111,7 @@ def _same_origin(request: Request) -> bool:
     if claimed == "null":
         return False  # an opaque origin: a sandboxed frame, a data: URL
     origin = urlsplit(claimed)
-    return (origin.scheme, origin.netloc) == (request.url.scheme, request.url.netloc)
+    return (origin.scheme, origin.netloc) == _own_origin(request)
 
 
 def check_form(request: Request, submitted: str | None) -> None:
