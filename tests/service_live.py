@@ -338,16 +338,21 @@ def fast_job_files() -> dict[str, Path]:
     }
 
 
-# A test-only hook, never part of the service: Python imports ``sitecustomize`` from PYTHONPATH
-# at start-up, so every process of a server started with ``abort_hook(...)`` (the API, its fork
-# server or Celery workers, and so the job processes forked from them) carries it. A job process
-# then aborts (SIGABRT, as a failed assertion in a native library does) right after recording
-# the stage named by EDGE_UN_TEST_ABORT_AFTER_STAGE.
-_ABORT_HOOK = """\
+# Test-only hooks, never part of the service: Python imports ``sitecustomize`` from PYTHONPATH
+# at start-up, so every process of a server started with a hook's environment (the API, its
+# fork server or Celery workers, and so the job processes forked from them) carries it. Right
+# after recording a stage, a job process
+# - aborts (SIGABRT, as a failed assertion in a native library does) if the stage is the one
+#   EDGE_UN_TEST_ABORT_AFTER_STAGE names (``abort_hook``);
+# - waits while the file EDGE_UN_TEST_HOLD_WHILE names exists, 10 minutes at most (``hold_hook``):
+#   a test then knows a job is running, and stays running, until it removes the file.
+_HOOK = """\
 import os
+import time
 
 _STAGE = os.environ.get("EDGE_UN_TEST_ABORT_AFTER_STAGE")
-if _STAGE:
+_HOLD = os.environ.get("EDGE_UN_TEST_HOLD_WHILE")
+if _STAGE or _HOLD:
     try:
         from service import worker as _worker
     except Exception:  # another interpreter (a tool's own environment): nothing to hook
@@ -357,20 +362,27 @@ if _STAGE:
 
         def _call(self, stage, fraction):
             _record(self, stage, fraction)
-            if _worker.stage_key(stage) == _STAGE:
+            if _STAGE and _worker.stage_key(stage) == _STAGE:
                 os.abort()
+            deadline = time.monotonic() + 600
+            while _HOLD and os.path.exists(_HOLD) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
         _worker.Progress.__call__ = _call
 """
 
 
+def _hooked(folder: Path, **variables: str) -> dict[str, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_HOOK)
+    paths = [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(paths), **variables}
+
+
 def abort_hook(folder: Path, stage: str) -> dict[str, str]:
     """The environment of a server whose job processes abort after recording ``stage`` (a
     stage's name without its target, e.g. "export")."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(_ABORT_HOOK)
-    paths = [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {"PYTHONPATH": os.pathsep.join(paths), "EDGE_UN_TEST_ABORT_AFTER_STAGE": stage}
+    return _hooked(folder, EDGE_UN_TEST_ABORT_AFTER_STAGE=stage)
 
 
 def upload_fast(client: httpx.Client, *, targets: str = "cpu") -> httpx.Response:
@@ -380,39 +392,9 @@ def upload_fast(client: httpx.Client, *, targets: str = "cpu") -> httpx.Response
         return client.post("/v1/conversions", files=parts, data={"targets": targets})
 
 
-# Another test-only hook of the same kind: every job process of a server started with
-# ``hold_hook(...)`` waits, right after recording its first stage, for as long as the file
-# EDGE_UN_TEST_HOLD_WHILE names exists (10 minutes at most): a test then knows a job is
-# running, and stays running, until it removes the file.
-_HOLD_HOOK = """\
-import os
-import time
-
-_HOLD = os.environ.get("EDGE_UN_TEST_HOLD_WHILE")
-if _HOLD:
-    try:
-        from service import worker as _worker
-    except Exception:  # another interpreter (a tool's own environment): nothing to hook
-        _worker = None
-    if _worker is not None:
-        _record = _worker.Progress.__call__
-
-        def _call(self, stage, fraction):
-            _record(self, stage, fraction)
-            deadline = time.monotonic() + 600
-            while os.path.exists(_HOLD) and time.monotonic() < deadline:
-                time.sleep(0.05)
-
-        _worker.Progress.__call__ = _call
-"""
-
-
 def hold_hook(folder: Path) -> tuple[dict[str, str], Path]:
     """The environment of a server whose job processes wait while the returned file exists
     (it is created here; remove it to let them go on)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(_HOLD_HOOK)
-    hold = folder / "hold"
-    hold.touch()
-    paths = [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {"PYTHONPATH": os.pathsep.join(paths), "EDGE_UN_TEST_HOLD_WHILE": str(hold)}, hold
+    env = _hooked(folder, EDGE_UN_TEST_HOLD_WHILE=str(folder / "hold"))
+    (folder / "hold").touch()
+    return env, folder / "hold"
