@@ -48,7 +48,8 @@ code{font-size:.9em;word-break:break-all}.muted{color:#666}
 """
 
 
-def _e(value: object) -> str:
+def escape(value: object) -> str:
+    """Escaped for text and attribute values: names come from users' files."""
     return html.escape(str(value), quote=True)
 
 
@@ -68,9 +69,9 @@ def render_report_html(report: Report) -> str:
     """The whole page for ``report``: summary, drift and latency tables, plots, failures."""
     title = f"edge-un conversion: {report.model.name}"
     body = [
-        f"<h1>{_e(title)}</h1>",
-        f'<p class="muted">edge-un {_e(report.edge_un_version)}, report schema '
-        f"{_e(report.schema_version)}</p>",
+        f"<h1>{escape(title)}</h1>",
+        f'<p class="muted">edge-un {escape(report.edge_un_version)}, report schema '
+        f"{escape(report.schema_version)}</p>",
         _summary(report),
         "<h2>Drift (int8 vs fp32, held-out data, in each target's arithmetic)</h2>",
         _table(
@@ -81,7 +82,7 @@ def render_report_html(report: Report) -> str:
         ),
         _list(host_kernel_lines(report)) if host_kernel_lines(report) else "",
         "<h2>Latency</h2>",
-        f'<p class="muted" id="latency-host">{_e(latency_title(report))}; batch 1.</p>',
+        f'<p class="muted" id="latency-host">{escape(latency_title(report))}; batch 1.</p>',
         _table(
             ["target", "runtime", "artifact", "threads", "p50 ms", "p90 ms", "p99 ms"],
             latency_rows(report),
@@ -102,7 +103,7 @@ def render_report_html(report: Report) -> str:
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(title)}</title><style>{CSS}</style></head>"
+        f"<title>{escape(title)}</title><style>{CSS}</style></head>"
         f"<body><main>{''.join(body)}</main></body></html>\n"
     )
 
@@ -125,7 +126,7 @@ def _summary(report: Report) -> str:
         ),
         ("norms", norms_line(report)),
     ]
-    rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
+    rows = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in items)
     return f'<dl id="summary">{rows}</dl>'
 
 
@@ -136,7 +137,7 @@ def _host(host: Host) -> str:
         ("int8 kernels", host.int8_kernels),
         *((name, version) for name, version in host.versions.items()),
     ]
-    rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
+    rows = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in items)
     return f'<dl id="host">{rows}</dl>'
 
 
@@ -149,19 +150,19 @@ def _table(
     numeric: Iterable[int] = (),
 ) -> str:
     numeric = set(numeric)
-    head = "".join(f'<th scope="col">{_e(h)}</th>' for h in header)
+    head = "".join(f'<th scope="col">{escape(h)}</th>' for h in header)
     lines = []
     for row in rows:
         cells = []
         for index, cell in enumerate(row):
             if index == status_column:
                 text = STATUS_TEXT.get(cell, cell)
-                cells.append(f'<td class="status-{_e(cell)}">{_e(text)}</td>')
+                cells.append(f'<td class="status-{escape(cell)}">{escape(text)}</td>')
             else:
                 cells.append(
-                    f'<td class="num">{_e(cell)}</td>'
+                    f'<td class="num">{escape(cell)}</td>'
                     if index in numeric
-                    else f"<td>{_e(cell)}</td>"
+                    else f"<td>{escape(cell)}</td>"
                 )
         lines.append(f"<tr>{''.join(cells)}</tr>")
     if not lines:
@@ -177,30 +178,30 @@ def _failures(report: Report) -> str:
     if not failed:
         return ""
     items = "".join(
-        f'<li><strong>{_e(t.name)}</strong> ({_e(t.board)}): <span class="error">'
-        f"{_e(t.error or 'failed without a message')}</span></li>"
+        f'<li><strong>{escape(t.name)}</strong> ({escape(t.board)}): <span class="error">'
+        f"{escape(t.error or 'failed without a message')}</span></li>"
         for t in failed
     )
     return f'<h2>Failed targets</h2><ul id="failed-targets">{items}</ul>'
 
 
 def _list(items: Iterable[str]) -> str:
-    return "<ul>" + "".join(f"<li>{_e(item)}</li>" for item in items) + "</ul>"
+    return "<ul>" + "".join(f"<li>{escape(item)}</li>" for item in items) + "</ul>"
 
 
 def _target_details(target: TargetReport) -> str:
     parts = [
-        f'<section class="target" id="target-{_e(target.name)}">',
-        f"<h3>{_e(target.name)}: {_e(target.board)}</h3>",
-        f"<p>runtime: {_e(target.runtime)}; status: "
-        f'<span class="status-{_e(target.status)}">{_e(STATUS_TEXT.get(target.status, ""))}'
+        f'<section class="target" id="target-{escape(target.name)}">',
+        f"<h3>{escape(target.name)}: {escape(target.board)}</h3>",
+        f"<p>runtime: {escape(target.runtime)}; status: "
+        f'<span class="status-{escape(target.status)}">{escape(STATUS_TEXT.get(target.status, ""))}'
         "</span></p>",
         _list(target.rules),
     ]
     if target.inputs:
-        parts.append(f"<p>takes: {_e(inputs_line(target))}</p>")
+        parts.append(f"<p>takes: {escape(inputs_line(target))}</p>")
     if target.error:
-        parts.append(f'<p class="error">error: {_e(target.error)}</p>')
+        parts.append(f'<p class="error">error: {escape(target.error)}</p>')
     if target.artifacts:
         rows = [[a.name, a.format, f"{a.bytes:,}", a.sha256] for a in target.artifacts]
         parts.append(
@@ -212,7 +213,7 @@ def _target_details(target: TargetReport) -> str:
         pure = target.pure_int8_drift
         drop = "-" if pure.top1_drop_pts is None else f"{pure.top1_drop_pts:.1f} pt"
         parts.append(
-            f"<p>pure int8 before the drift fallback: drop {_e(drop)}, agreement "
+            f"<p>pure int8 before the drift fallback: drop {escape(drop)}, agreement "
             f"{100 * pure.agreement:.1f} %</p>"
         )
     steps = [
@@ -233,7 +234,8 @@ def _target_details(target: TargetReport) -> str:
     if target.vela is not None:
         v = target.vela
         parts.append(
-            f"<p>Vela {_e(v.accelerator)}, {_e(v.system_config)} / {_e(v.memory_mode)}: "
+            f"<p>Vela {escape(v.accelerator)}, {escape(v.system_config)} / "
+            f"{escape(v.memory_mode)}: "
             f"{v.npu_ops} ops on the NPU, {len(v.cpu_ops)} on the CPU; {v.cycles:,} cycles, "
             f"{v.est_ms:.3f} ms, SRAM {v.sram_kib:.1f} KiB, DRAM {v.dram_kib:.1f} KiB</p>"
         )
@@ -284,8 +286,8 @@ def _plots(report: Report) -> list[str]:
 
 def _figure(name: str, svg: str, caption: str) -> str:
     return (
-        f'<figure id="plot-{_e(name)}" class="plot">{_inline_svg(svg, name)}'
-        f"<figcaption>{_e(caption)}</figcaption></figure>"
+        f'<figure id="plot-{escape(name)}" class="plot">{_inline_svg(svg, name)}'
+        f"<figcaption>{escape(caption)}</figcaption></figure>"
     )
 
 

@@ -8,12 +8,12 @@ of its own, so that no reload ever empties a form being filled in.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from urllib.parse import quote
 
 from ..api.schemas import ArtifactOut, JobOut
 from ..report_html import CSP, CSS
+from ..report_html import escape as e
 from .session import CSRF_FIELD, PREFIX
 
 REFRESH_S = 2
@@ -30,11 +30,6 @@ form.upload .hint{font-weight:400;color:#666}fieldset{border:1px solid #d6dae1;m
 .actions{display:flex;gap:12px;align-items:center;margin:12px 0}.actions form{display:inline}
 input[type=password]{font:inherit;padding:5px;width:min(36em,100%)}
 """
-
-
-def e(value: object) -> str:
-    """Escaped for text and attribute values: names come from users' files."""
-    return html.escape(str(value), quote=True)
 
 
 def _state(job: JobOut) -> str:

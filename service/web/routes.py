@@ -20,7 +20,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from .. import intake, jobs
 from ..api import conversions
-from ..api.deps import Principal
+from ..api.deps import Principal, services
 from ..api.schemas import JobOut
 from ..db import session_scope
 from ..problems import Problem
@@ -35,7 +35,6 @@ from .session import (
     end_session,
     keep_csrf,
     principal_of,
-    services,
     signed_in,
     start_session,
 )

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from fastapi import Request, Response
 
-from ..api.deps import Principal, Services
+from ..api.deps import Principal, services
 from ..db import session_scope
 from ..problems import Problem
 from ..tokens import verify_token
@@ -31,10 +31,6 @@ SESSION_COOKIE = "edge_un_session"
 CSRF_COOKIE = "edge_un_csrf"
 CSRF_FIELD = "csrf"
 SESSION_MAX_AGE_S = 12 * 3600  # a working day; signing in again takes one paste
-
-
-def services(request: Request) -> Services:
-    return request.app.state.services
 
 
 def signed_in(request: Request) -> Principal | None:
