@@ -10,7 +10,7 @@ downloads drop the API's year-long Cache-Control). Not in the OpenAPI document.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -210,18 +210,28 @@ def job_view(job_id: str, request: Request) -> Response:
     return _html(request, pages.job_page(job, files, csrf_token(request)))
 
 
-@router.get("/jobs/{job_id}/report")
-async def report_view(job_id: str, request: Request) -> Response:
-    """The same page as /v1/conversions/{id}/report.html (and as convert's report.html)."""
+async def _no_store(
+    request: Request, answer: Callable[[Principal], Awaitable[Response]]
+) -> Response:
+    """The API's answer for the signed-in person, with the page headers (no-store, not the
+    API's "immutable for a year"); the sign-in page for nobody, a message page for a Problem."""
     who = await _in_thread(signed_in, request)
     if who is None:
         return _redirect(f"{PREFIX}/signin")
     try:
-        page = await conversions.get_report_html(job_id, services(request), who)
+        response = await answer(who)
     except Problem as problem:
         return _message(request, problem, who)
-    page.headers.update(HEADERS)
-    return page
+    response.headers.update(HEADERS)
+    return response
+
+
+@router.get("/jobs/{job_id}/report")
+async def report_view(job_id: str, request: Request) -> Response:
+    """The same page as /v1/conversions/{id}/report.html (and as convert's report.html)."""
+    return await _no_store(
+        request, lambda who: conversions.get_report_html(job_id, services(request), who)
+    )
 
 
 @router.get("/jobs/{job_id}/artifacts/{name:path}")
@@ -239,15 +249,9 @@ def artifact(job_id: str, name: str, request: Request) -> Response:
 
 @router.get("/jobs/{job_id}/bundle.zip")
 async def bundle(job_id: str, request: Request) -> Response:
-    who = await _in_thread(signed_in, request)
-    if who is None:
-        return _redirect(f"{PREFIX}/signin")
-    try:
-        response = await conversions.get_bundle(job_id, services(request), who)
-    except Problem as problem:
-        return _message(request, problem, who)
-    response.headers.update(HEADERS)
-    return response
+    return await _no_store(
+        request, lambda who: conversions.get_bundle(job_id, services(request), who)
+    )
 
 
 @router.post("/jobs/{job_id}/{action}")
