@@ -118,7 +118,7 @@ def baseline(task: str) -> None:
 def migrate_stage(task: str, seeds: list[int], epochs: int, lr: float, labels_only: bool) -> None:
     import edge_un
     from edge_un.finetune import FinetuneRecipe, finetune_metadata, save_finetuned
-    from edge_un.finetune.jobs import load_finetune_data
+    from edge_un.finetune.model_runs import load_finetune_data
 
     mode = "labels" if labels_only else "distill"
     for seed in seeds:
@@ -159,8 +159,8 @@ def zero_stage(task: str) -> None:
 
     import edge_un
     from edge_un.finetune import agreement, predict
-    from edge_un.finetune.jobs import load_finetune_data
     from edge_un.finetune.migrate import _fill_windows, _record_norm_in_config
+    from edge_un.finetune.model_runs import load_finetune_data
 
     run_id = f"zero-{task}"
     if run_id in load_runs():
@@ -215,7 +215,7 @@ def int8_stage(
 ) -> None:  # fmt: skip
     import edge_un
     from edge_un.finetune import FinetuneRecipe, finetune_metadata, save_finetuned
-    from edge_un.finetune.jobs import load_finetune_data
+    from edge_un.finetune.model_runs import load_finetune_data
 
     for seed in seeds:
         tag = f"t{target:g}" if method in ("range", "growth") else ""

@@ -32,6 +32,7 @@ from .equations import (
     fold_affine_into_preceding_linear,
 )
 from .errors import ConversionError, OnlineNormError
+from .fold_report import FoldReport, NormFold
 from .graph import (
     AFFINE_OPS,
     ASSERT_OPS,
@@ -55,7 +56,6 @@ from .graph import (
     shape,
 )
 from .program import program_output_note
-from .report import FoldReport, NormFold
 
 
 @dataclass

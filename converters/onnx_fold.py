@@ -30,11 +30,11 @@ from onnx_ir.passes.common import NameFixPass, RemoveUnusedNodesPass, ShapeInfer
 
 from .equations import fold_affine_into_preceding_linear
 from .errors import OnlineNormError
+from .fold_report import FoldReport, NormFold
 from .onnx_embeddings import embedding_terms, fold_into_embeddings
 from .onnx_load import load_onnx
 from .onnx_names import label, layer_name, norm_name
 from .onnx_rewrites import constant, fresh_name, gathers_to_slices, set_constant_input
-from .report import FoldReport, NormFold
 
 AFFINE_OPS = {"Mul": "mul", "Add": "add", "Sub": "sub", "Div": "div"}
 ONLINE_NORM_OPS = {

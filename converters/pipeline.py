@@ -5,14 +5,14 @@ Sources: an edge_un checkpoint (``.safetensors``, or ``.pt``/``.pth`` with a con
 records its data set is also checked on its held-out test split: the folded ONNX model must
 classify like the original torch model, and the report says how closely it did.
 
-Progress goes to an optional ``progress(stage, fraction)`` callback (a terminal bar in the CLI,
-a stage and percentage over HTTP).
+Progress goes to an optional ``progress`` callback as :class:`~converters.progress.ProgressEvent`
+values (a terminal bar in the CLI, a stage and percentage over HTTP).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,13 @@ from edge_un.finetune.inputs import logits_of
 from .errors import ConversionError
 from .export import ExportInfo, export_onnx, op_histogram
 from .fold import default_example_inputs, fold_norms
+from .fold_report import FoldReport
 from .onnx_fold import fold_onnx, load_onnx
 from .opset import convert_opset, with_static_batch
 from .program import load_program, program_example_inputs
-from .report import FoldReport
+from .progress import Progress, ProgressEvent, ignore_progress
+from .source import ModelSource
 
-Progress = Callable[[str, float], None]
 ONNX_NAME = "model.onnx"
 REPORT_NAME = "report.json"
 SUMMARY_NAME = "report.md"
@@ -92,7 +93,7 @@ class FoldedSource:
     tensor per model input in the model's order.
     """
 
-    source: Path
+    source: ModelSource
     fold: FoldReport
     folded: Any
     model: Any
@@ -103,14 +104,6 @@ class FoldedSource:
     @property
     def is_onnx(self) -> bool:
         return isinstance(self.folded, onnx.ModelProto)
-
-    @property
-    def source_format(self) -> str:
-        """hf (a save_pretrained directory), onnx, pt2, safetensors or pt: what was read."""
-        if self.source.is_dir():
-            return "hf"
-        suffix = self.source.suffix.lstrip(".")
-        return "pt" if suffix == "pth" else suffix
 
     @property
     def fixed_batch(self) -> int | None:
@@ -135,22 +128,24 @@ class FoldedSource:
 
 
 def load_and_fold(
-    source: str | Path,
+    source: ModelSource | str | Path,
     *,
     config: str | Path | Mapping[str, Any] | None = None,
     allow_online: bool = False,
 ) -> FoldedSource:
-    """Read ``source`` (never running code from it) and fold every offline norm. A directory is
-    a Hugging Face ``save_pretrained`` model (``edge_un.load_pretrained``)."""
-    source = Path(source)
-    if source.is_dir():
-        model, example, test_split, info = _load_pretrained_source(source)
+    """Read ``source`` (never running code from it) and fold every offline norm. A path is
+    read in the format its name says (:meth:`ModelSource.from_path`)."""
+    if not isinstance(source, ModelSource):
+        source = ModelSource.from_path(source)
+    path = source.path
+    if source.format == "hf":
+        model, example, test_split, info = _load_pretrained_source(path)
         folded, fold_report = fold_norms(model, example, allow_online=allow_online)
         return FoldedSource(source, fold_report, folded, model, example, test_split, info)
-    if not source.is_file():
-        raise ConversionError(f"{source}: no such file or directory")
-    if source.suffix == ".onnx":
-        folded, fold_report = fold_onnx(source, allow_online=allow_online)
+    if not path.is_file():
+        raise ConversionError(f"{path}: no such file or directory")
+    if source.format == "onnx":
+        folded, fold_report = fold_onnx(path, allow_online=allow_online)
         return FoldedSource(source, fold_report, folded, None, (), None, None)
     model, example, test_split, info = _load_torch_source(source, config)
     folded, fold_report = fold_norms(model, example, allow_online=allow_online)
@@ -178,7 +173,7 @@ def export_folded(
 
 
 def convert(
-    source: str | Path,
+    source: ModelSource | str | Path,
     out_dir: str | Path,
     *,
     config: str | Path | Mapping[str, Any] | None = None,
@@ -189,17 +184,17 @@ def convert(
 ) -> ConversionResult:
     """Fold every offline norm of ``source`` and write ``model.onnx``, ``report.json`` and
     ``report.md`` into ``out_dir``. Raises a ConversionError / CheckpointError (one line)."""
-    source, out_dir = Path(source), Path(out_dir)
-    report = progress or (lambda stage, fraction: None)
-    report("load", 0.05)
+    out_dir = Path(out_dir)
+    report = progress or ignore_progress
+    report(ProgressEvent("load", 0.05))
     folded = load_and_fold(source, config=config, allow_online=allow_online)
     out_dir.mkdir(parents=True, exist_ok=True)
     onnx_path = out_dir / ONNX_NAME
-    report("export", 0.4)
+    report(ProgressEvent("export", 0.4))
     exported = export_folded(folded, onnx_path, opset=opset, dynamic_batch=dynamic_batch)
-    report("verify", 0.7)
+    report(ProgressEvent("verify", 0.7))
     if folded.is_onnx:
-        diff = _onnx_vs_onnx(source, onnx_path)
+        diff = _onnx_vs_onnx(folded.source.path, onnx_path)
         notes: tuple[str, ...] = (
             f"ONNX Runtime, folded vs original on random inputs: max abs diff {diff:.3g}",
         )
@@ -209,9 +204,9 @@ def convert(
             folded.model, onnx_path, *folded.test_split
         )
         notes = () if check else ("no data set recorded in the checkpoint: test split not checked",)
-    report("write report", 0.95)
+    report(ProgressEvent("write report", 0.95))
     result = ConversionResult(
-        source=source,
+        source=folded.source.path,
         onnx_path=onnx_path,
         report_path=out_dir / REPORT_NAME,
         summary_path=out_dir / SUMMARY_NAME,
@@ -223,25 +218,25 @@ def convert(
     )
     result.report_path.write_text(json.dumps(result.as_dict(), indent=2, default=str) + "\n")
     result.summary_path.write_text(summary_markdown(result))
-    report("done", 1.0)
+    report(ProgressEvent("done", 1.0))
     return result
 
 
 def _load_torch_source(
-    source: Path, config: str | Path | Mapping[str, Any] | None
+    source: ModelSource, config: str | Path | Mapping[str, Any] | None
 ) -> tuple[
     nn.Module, tuple[Tensor, ...], tuple[Tensor, Tensor] | None, edge_un.CheckpointInfo | None
 ]:
     """The model, example inputs to trace it with, (inputs, labels) of the test split that the
     checkpoint records, if it records one (loaded once: it also supplies the examples), and the
     checkpoint's info (None for a program)."""
-    if source.suffix == ".pt2":
-        program = load_program(source)
+    if source.format == "pt2":
+        program = load_program(source.path)
         example = program_example_inputs(program)
         if not example:
-            raise ConversionError(f"{source.name}: the program carries no example inputs")
+            raise ConversionError(f"{source.path.name}: the program carries no example inputs")
         return program, example, None, None
-    model, info = edge_un.load_checkpoint(source, config=config)
+    model, info = edge_un.load_checkpoint(source.path, config=config, format=source.format)
     if "dataset" in info.metadata:
         inputs, labels = edge_data.checkpoint_split(info, "test")
         return model, (inputs[:2],), ((inputs,), labels), info

@@ -13,7 +13,7 @@ import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -27,6 +27,8 @@ METADATA_KEY = "edge_un"
 FORMAT_VERSION = 1
 SAFETENSORS_SUFFIX = ".safetensors"
 PICKLE_SUFFIXES = (".pt", ".pth")
+# How a checkpoint's tensors are stored: a safetensors file, or a pickled torch state dict.
+CheckpointFormat = Literal["safetensors", "pt"]
 
 
 class CheckpointError(ValueError):
@@ -121,19 +123,25 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    path: str | Path, config: str | Path | Mapping[str, Any] | None = None
+    path: str | Path,
+    config: str | Path | Mapping[str, Any] | None = None,
+    *,
+    format: CheckpointFormat | None = None,
 ) -> tuple[nn.Module, CheckpointInfo]:
     """Rebuild a model in eval mode from a checkpoint, executing nothing from the file.
 
-    ``path`` is an edge_un ``.safetensors`` file, or a ``.pt``/``.pth`` state dict read with
-    ``torch.load(weights_only=True)``; ``config`` (a JSON file, or a dict as in the
-    checkpoint's metadata) is required for the latter and overrides the file's own config.
-    Every failure raises a :class:`CheckpointError` subclass with a one-line message.
+    ``path`` is an edge_un safetensors file, or a torch state dict read with
+    ``torch.load(weights_only=True)``: ``format`` says which ("safetensors" or "pt"; default:
+    "pt" for a ``.pt``/``.pth`` name, else "safetensors"). ``config`` (a JSON file, or a dict
+    as in the checkpoint's metadata) is required for a state dict and overrides the file's own
+    config. Every failure raises a :class:`CheckpointError` subclass with a one-line message.
     """
     path = Path(path)
     if not path.is_file():
         raise NotACheckpointError(f"{path}: no such file")
-    if path.suffix in PICKLE_SUFFIXES:
+    if format is None:
+        format = "pt" if path.suffix in PICKLE_SUFFIXES else "safetensors"
+    if format == "pt":
         tensors = _read_torch_state_dict(path)
         header = None
     else:

@@ -28,9 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from converters.progress import ProgressEvent
+
 from . import report as schema
 from .data import Samples
-from .job import Bars, TargetJob
+from .errors import one_line
+from .target_job import Bars, TargetJob
 from .targets import TargetProfile
 
 # The builder of each kind of target, as "module:function" (imported in the child).
@@ -79,8 +82,11 @@ class IsolatedBuilds:
             for line in messages:
                 message = json.loads(line)
                 if "stage" in message:
-                    last_stage = message["stage"]
-                    job.stage(message["stage"], message["fraction"])
+                    event = ProgressEvent(
+                        message["stage"], message["fraction"], None, message["detail"]
+                    )
+                    last_stage = event.label
+                    job.stage(event.stage, event.fraction, event.detail)
                 else:
                     outcome = message
         code = process.wait()
@@ -90,7 +96,7 @@ class IsolatedBuilds:
             raise TargetFailed(outcome["error"])
         kept = job.target_dir / LOG_NAME
         kept.write_bytes(log.read_bytes())
-        how = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
         raise TargetFailed(
             f"the {job.profile.name} build crashed in native code ({how}) during "
             f"'{last_stage}'; its output is in {kept.relative_to(job.out_dir).as_posix()}"
@@ -158,7 +164,7 @@ def _profile(document: dict[str, Any]) -> TargetProfile:
     return TargetProfile(**values)
 
 
-def _signal_name(number: int) -> str:
+def signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
     except ValueError:
@@ -204,24 +210,27 @@ def main(job_dir: str, fd: str) -> int:
                 evaluation=_load_samples(Path(document["evaluation"])),
                 reference=np.load(document["reference"]),
                 bars=Bars(**document["bars"]),
-                stage=lambda name, fraction: send({"stage": name, "fraction": fraction}),
+                stage=lambda name, fraction, detail=None: send(
+                    {"stage": name, "fraction": fraction, "detail": detail}
+                ),
                 latency_runs=document["latency_runs"],
                 shared_dir=Path(document["shared_dir"]),
             )
             result = _import(document["builder"])(job)
         except Exception as error:  # the pipeline reports it as this target's one-line reason
             traceback.print_exc()
-            send({"error": _one_line(error)})
+            send({"error": builder_reason(error)})
             return 1
         send({"result": result.model_dump(mode="json")})
     return 0
 
 
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
+def builder_reason(error: BaseException) -> str:
+    """A builder's error as the target's one-line reason: its own message for the errors
+    builders raise on purpose, else the type too, marked as a bug."""
     if isinstance(error, ValueError | RuntimeError | OSError):  # the builders' own reasons
-        return text[0] if text else type(error).__name__
-    return f"internal error: {type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+        return one_line(error)
+    return f"internal error: {type(error).__name__}: {one_line(error)}"
 
 
 if __name__ == "__main__":

@@ -22,12 +22,12 @@ import onnx
 
 from . import report as schema
 from .drift import Drift, kernel_gap, measure_drift, onnx_runner, tensor_sqnr
-from .job import TargetJob
 from .latency import onnx_latency, thread_counts
 from .ort_int8 import quantize_onnx
 from .records import WORST_LAYERS, artifact_record, drift_record, latency_record, onnx_inputs
 from .rules import check_onnx_artifact, onnx_op_histogram, unsupported_ops
 from .sources import Source, derived_sources, label_of, onnx_graph, onnx_sources, placed_ops
+from .target_job import TargetJob
 
 FIRST_FALLBACK_STEP = 4
 KERNEL_GAP_PTS = 0.2  # exact vs host kernels: a larger gap is reported as a warning
@@ -54,7 +54,7 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
         quantize_onnx(job.fp32_path, artifact, profile, job.calibration, int16_tensors=int16)
         return measure(exact=True)
 
-    stage("quantize (ONNX Runtime)", 0.1)
+    stage("quantize", 0.1, "ONNX Runtime")
     pure = drift = quantize_and_measure(())
     stage("per-tensor SQNR", 0.3)
     errors = tensor_sqnr(job.fp32_path, artifact, evaluation)
@@ -64,7 +64,7 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
         ranked = [e.name for e in sorted(errors, key=lambda e: e.own_sqnr_db)]
         count = FIRST_FALLBACK_STEP
         while True:
-            stage(f"fallback: {count} tensors to int16", 0.4)
+            stage("fallback", 0.4, f"{count} tensors to int16")
             int16 = tuple(ranked[:count])
             drift = quantize_and_measure(int16)
             steps.append(FallbackStep(int16, drift))
@@ -78,7 +78,7 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
     if profile.host_kernel_drift:
         stage("drift on this host's kernels", 0.75)
         host = measure(exact=False)
-    stage("latency (ONNX Runtime)", 0.8)
+    stage("latency", 0.8, "ONNX Runtime")
     name = artifact.relative_to(out_dir).as_posix()
     sample = evaluation.rows(0, 1)
     sources = onnx_sources(job.fp32_path)  # errors name fp32 tensors (the int8 file keeps them)

@@ -3,15 +3,16 @@
 ``convert`` is what ``edge-un convert`` and the HTTP service both run. It builds on the fp32
 conversion in :mod:`converters.pipeline` (one load and one fold, then one ONNX export per
 distinct opset/batch the targets need), writes every artifact plus ``report.json`` and
-``report.md`` into ``out_dir``, and reports progress as ``progress(stage, fraction)``.
+``report.md`` into ``out_dir``, and reports progress as :class:`~converters.ProgressEvent`
+values, each stage of a target's build tagged with the target.
 A target that fails (a converter crash, a rule its file breaks) is reported as failed with its
-one-line reason; the other targets still complete.
+one-line reason; the other targets still complete (``Report.outcome`` says how it ended).
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ import onnx
 import edge_un
 from converters.attention_masks import bound_attention_masks
 from converters.pipeline import FoldedSource, export_folded, load_and_fold
+from converters.progress import Progress, ProgressEvent, ignore_progress
+from converters.source import ModelSource
 
 from . import report as schema
 from .data import (
@@ -34,19 +37,15 @@ from .data import (
     load_npz,
 )
 from .drift import onnx_runner
-from .errors import DataFileError, QuantError
+from .errors import DataFileError, QuantError, one_line
 from .host import describe_host
 from .isolation import IsolatedBuilds, builder_for
-from .job import Bars, TargetJob
 from .ort_int8 import static_batch
 from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
 from .records import artifact_record
 from .summary import summary_markdown
-from .targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, TargetProfile, parse_targets
-
-Progress = Callable[[str, float], None]
-REPORT_NAME = "report.json"
-SUMMARY_NAME = "report.md"
+from .target_job import Bars, StageCallback, TargetJob
+from .targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TargetProfile
 
 
 @dataclass(frozen=True)
@@ -66,8 +65,8 @@ class Export:
 
 
 def convert(
-    model: str | Path,
-    targets: str | Sequence[str] | None = None,
+    model: ModelSource | str | Path,
+    targets: Sequence[TargetProfile] | None = None,
     calib: str | Path | None = None,
     eval: str | Path | None = None,  # the issue's name for the evaluation data
     out_dir: str | Path = "edge-un-out",
@@ -79,9 +78,10 @@ def convert(
     allow_online: bool = False,
     latency_runs: int = 100,
     recalibrate_batches: int = 0,
-    model_name: str | None = None,
 ) -> schema.Report:
-    """Convert ``model`` for ``targets`` (names or "cpu,imx93"; default all) into ``out_dir``.
+    """Convert ``model`` for ``targets`` (default: every profile) into ``out_dir``. A path is
+    read in the format its name says; the service passes the :class:`ModelSource` its upload
+    checks established (its ``name`` is what the report calls the model).
 
     ``allow_online`` lets a LayerNorm model through (its norms stay: decomposed into int8 ops in
     TFLite, float in ORT), for comparisons; by default such a model is refused with the advice
@@ -89,17 +89,17 @@ def convert(
     recomputes every offline norm's inference statistics over that many batches of the
     calibration data (``calib``, else the checkpoint's training split) with
     :func:`edge_un.recalibrate`, then folds; the report's ``recalibration`` says how it went.
-    ``model_name`` names the model in the report (default: the source's file name without its
-    suffix; the service passes the uploaded file's, not the name it stored it under).
     """
-    say = progress or (lambda stage, fraction: None)
-    profiles = parse_targets(",".join(targets) if isinstance(targets, list | tuple) else targets)
+    say = progress or ignore_progress
+    profiles = tuple(PROFILES.values()) if targets is None else tuple(targets)
+    if not profiles:
+        raise QuantError("no targets to build: name at least one")
     if max_drift < 0:
         raise QuantError(f"max_drift must be >= 0 points, got {max_drift}")
     if recalibrate_batches < 0:
         raise QuantError(f"recalibrate_batches must be >= 0, got {recalibrate_batches}")
     out_dir = Path(out_dir).resolve()  # artifact names are relative to it, tools return absolute
-    say("load", 0.01)
+    say(ProgressEvent("load", 0.01))
     folded = load_and_fold(model, config=config, allow_online=allow_online)
     if recalibrate_batches:
         check_recalibratable(folded)
@@ -108,7 +108,7 @@ def convert(
     evaluation = _samples(eval, folded, specs, "evaluation")
     recalibration = None
     if recalibrate_batches:
-        say("recalibrate", 0.03)
+        say(ProgressEvent("recalibrate", 0.03))
         data = calibration if calib is not None else None  # None: the checkpoint's train split
         folded, recalibration = recalibrate_and_fold(
             folded, data, evaluation, recalibrate_batches, allow_online
@@ -122,17 +122,20 @@ def convert(
         for index, profile in enumerate(profiles):
             span = (0.05 + 0.9 * index / len(profiles), 0.05 + 0.9 * (index + 1) / len(profiles))
 
-            def stage(name: str, fraction: float, profile: TargetProfile = profile, span=span):
-                say(f"{profile.name}: {name}", span[0] + (span[1] - span[0]) * fraction)
+            def stage(
+                name: str, fraction: float, detail: str | None = None, target=profile, span=span
+            ) -> None:
+                at = span[0] + (span[1] - span[0]) * fraction
+                say(ProgressEvent(name, at, target=target.name, detail=detail))
 
             reports[profile.name] = _build_target(
                 profile, folded, exports, out_dir, builds, bars, stage, latency_runs
             )
-    say("report", 0.97)
+    say(ProgressEvent("report", 0.97))
     reference, reference_note = _reference(folded, exports, out_dir, evaluation)
     result = schema.Report(
         edge_un_version=edge_un.__version__,
-        model=_model_info(folded, specs, model_name),
+        model=_model_info(folded, specs),
         fold=folded.fold.as_dict(),
         reference=schema.Reference(
             top1_fp32=_top1(reference, evaluation.labels),
@@ -152,9 +155,9 @@ def convert(
         recalibration=recalibration,
         host=describe_host(),
     )
-    result.write(out_dir / REPORT_NAME)
-    (out_dir / SUMMARY_NAME).write_text(summary_markdown(result))
-    say("done", 1.0)
+    result.write(out_dir / schema.REPORT_FILE)
+    (out_dir / schema.SUMMARY_FILE).write_text(summary_markdown(result))
+    say(ProgressEvent("done", 1.0))
     return result
 
 
@@ -165,7 +168,7 @@ def _build_target(
     out_dir: Path,
     builds: IsolatedBuilds,
     bars: Bars,
-    stage: Callable[[str, float], None],
+    stage: StageCallback,
     latency_runs: int,
 ) -> schema.TargetReport:
     """Export the fp32 file the target needs (once per opset and batch), then build the
@@ -173,13 +176,6 @@ def _build_target(
     only, with its one-line reason."""
     target_dir = out_dir / profile.name
     target_dir.mkdir(exist_ok=True)
-    header = {
-        "name": profile.name,
-        "board": profile.board,
-        "runtime": profile.runtime,
-        "opset": profile.opset,
-        "rules": list(profile.rules),
-    }
     try:
         stage("export", 0.0)
         key = (profile.opset, profile.static_batch)
@@ -192,11 +188,31 @@ def _build_target(
         )  # fmt: skip
         result = builds.build(builder_for(profile), job)
     except (ValueError, RuntimeError, OSError) as error:  # Quant/ConversionError are ValueErrors
-        return schema.TargetReport(**header, status="failed", error=_one_line(error))
+        return target_report(profile, schema.TargetResult(), error=one_line(error))
     source = artifact_record(export.path, out_dir, "onnx", "folded fp32 ONNX it was quantized from")
     result = result.model_copy(update={"artifacts": [*result.artifacts, source]})
-    status = "ok" if result.drift is not None and result.drift.within_bar else "over_bar"
-    return schema.TargetReport(**header, status=status, **dict(result))
+    return target_report(profile, result)
+
+
+def target_report(
+    profile: TargetProfile, result: schema.TargetResult, error: str | None = None
+) -> schema.TargetReport:
+    """A target's entry in the report: its profile's header, what its builder made and
+    measured, and how it ended (failed with ``error``; else ok or over the drift bar)."""
+    if error is not None:
+        status = "failed"
+    else:
+        status = "ok" if result.drift is not None and result.drift.within_bar else "over_bar"
+    return schema.TargetReport(
+        name=profile.name,
+        board=profile.board,
+        runtime=profile.runtime,
+        opset=profile.opset,
+        rules=list(profile.rules),
+        status=status,
+        error=error,
+        **dict(result),
+    )
 
 
 def _reference(
@@ -212,7 +228,7 @@ def _reference(
         try:
             exports[(18, False)] = _export(folded, out_dir, 18, False, evaluation)
         except (ValueError, RuntimeError, OSError) as error:
-            return None, f"no fp32 reference: the fp32 export failed ({_one_line(error)})"
+            return None, f"no fp32 reference: the fp32 export failed ({one_line(error)})"
     return next(iter(exports.values())).reference, None
 
 
@@ -263,7 +279,7 @@ def _samples(
         flag = "--calib" if calibrating else "--eval"
         arrays = ", ".join(f"'{spec.name}'" for spec in specs)
         raise DataFileError(
-            f"{folded.source.name} records no data set: give {purpose} data as an .npz "
+            f"{folded.source.path.name} records no data set: give {purpose} data as an .npz "
             f"({flag} F.npz with {arrays} and optional 'labels')"
         )
     if calibrating:
@@ -271,15 +287,13 @@ def _samples(
     return checkpoint_samples(folded.info, "test", specs=specs)
 
 
-def _model_info(
-    folded: FoldedSource, specs: tuple[InputSpec, ...], name: str | None
-) -> schema.ModelInfo:
+def _model_info(folded: FoldedSource, specs: tuple[InputSpec, ...]) -> schema.ModelInfo:
     parameters = None
     if folded.model is not None and hasattr(folded.model, "parameters"):
         parameters = sum(p.numel() for p in folded.model.parameters())
     return schema.ModelInfo(
-        name=name or folded.source.stem,
-        source_format=folded.source_format,
+        name=folded.source.display_name,
+        source_format=folded.source.format,
         parameters=parameters,
         input_shape=list(specs[0].shape),
         input_dtype=specs[0].dtype,
@@ -294,8 +308,3 @@ def _top1(logits: np.ndarray | None, labels: np.ndarray | None) -> float | None:
     if logits is None or labels is None:
         return None
     return float((logits.argmax(-1) == labels).mean())
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__

@@ -28,7 +28,7 @@ def check_recalibratable(folded: FoldedSource) -> None:
     """Recalibration needs an edge_un checkpoint with at least one offline norm."""
     from edge_un.norms import OfflineNorm
 
-    name = folded.source.name
+    name = folded.source.path.name
     if folded.is_onnx:
         raise QuantError(
             f"{name}: cannot recalibrate an ONNX model (its norms are already folded into the "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Literal
 
@@ -10,6 +9,7 @@ import numpy as np
 import onnx
 
 from . import report as schema
+from .digest import sha256_file
 from .drift import Drift
 from .latency import Timing
 from .litert import input_name as _input_name
@@ -20,14 +20,6 @@ Runtime = Literal["onnxruntime", "litert"]
 ArtifactFormat = Literal["onnx", "tflite", "vela_tflite", "text"]
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def artifact_record(
     path: Path, out_dir: Path, kind: ArtifactFormat, description: str
 ) -> schema.Artifact:
@@ -35,7 +27,7 @@ def artifact_record(
         name=path.relative_to(out_dir).as_posix(),
         format=kind,
         bytes=path.stat().st_size,
-        sha256=sha256_of(path),
+        sha256=sha256_file(path),
         description=description,
     )
 

@@ -15,6 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = "1.0"
+# What a conversion writes into its output directory beside the artifacts.
+REPORT_FILE = "report.json"
+SUMMARY_FILE = "report.md"
 SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
 
 
@@ -247,6 +250,9 @@ class Recalibration(_Model):
     layers: dict[str, LayerTID] = Field(description="per-layer TID, in execution order")
 
 
+Outcome = Literal["succeeded", "partial", "failed"]
+
+
 class Report(_Model):
     schema_version: Literal["1.0"] = SCHEMA_VERSION
     edge_un_version: str
@@ -263,6 +269,31 @@ class Report(_Model):
     host: Host | None = Field(
         default=None, description="the machine that measured drift and latency"
     )
+
+    def failed_targets(self) -> list[TargetReport]:
+        return [target for target in self.targets.values() if target.status == "failed"]
+
+    def outcome(self) -> Outcome:
+        """How the conversion ended, one rule for the CLI (its exit code) and the service (its
+        job's state): ``failed`` when every target failed (nothing to ship), ``partial`` when
+        some did, else ``succeeded``. A target over the drift bar did not fail: its file is
+        made, measured and reported."""
+        failed = len(self.failed_targets())
+        if failed == 0:
+            return "succeeded"
+        return "failed" if failed == len(self.targets) else "partial"
+
+    def failures(self) -> str | None:
+        """The failed targets and their reasons in one line (None if none failed)."""
+        failed = self.failed_targets()
+        if not failed:
+            return None
+        head = (
+            "every target failed"
+            if len(failed) == len(self.targets)
+            else (f"{len(failed)} of {len(self.targets)} targets failed")
+        )
+        return f"{head}: " + "; ".join(f"{t.name}: {t.error}" for t in failed)
 
     def write(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2) + "\n")

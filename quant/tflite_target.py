@@ -17,7 +17,6 @@ import onnx
 from . import report as schema
 from .data import Samples
 from .drift import Drift, measure_drift
-from .job import TargetJob
 from .latency import thread_counts
 from .litert import latency_tflite, onnx_names, op_graph, run_tflite, tensor_sqnr_tflite
 from .records import (
@@ -29,6 +28,7 @@ from .records import (
 )
 from .rules import unsupported_ops
 from .sources import Source, derived_sources, label_of, onnx_sources, placed_ops
+from .target_job import TargetJob
 from .tflite import TfliteArtifacts, check_full_integer, convert_tflite, inspect_tflite
 from .vela import VelaResult, compile_vela
 
@@ -37,12 +37,12 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     """What a TFLite target made and measured; its files go to ``target_dir``."""
     profile, bars, stage = job.profile, job.bars, job.stage
     target_dir, out_dir, evaluation = job.target_dir, job.out_dir, job.evaluation
-    stage("onnx2tf + TFLite converter", 0.05)
+    stage("convert", 0.05, "onnx2tf + TFLite converter")
     work = target_dir / "work"
     converted = _converted(job, work)
     int8 = _keep(converted.int8, target_dir / "model_int8.tflite")
     check_full_integer(inspect_tflite(int8), io_dtype="int8")
-    stage("drift (LiteRT)", 0.45)
+    stage("drift", 0.45, "LiteRT")
     pure = _drift(int8, job.reference, evaluation)
     shipped, drift, excluded, vela_pure = int8, pure, [], None
     over_bar = not pure.within(bars.max_drop_pts, bars.min_agreement)
@@ -52,7 +52,7 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
         wide = _drift(wide_file, job.reference, evaluation)
         if wide.agreement > pure.agreement:
             if "vela" in profile.artifacts:  # the pure file's figures, to cost the fallback
-                stage("Vela (pure int8, for the cost)", 0.55)
+                stage("Vela", 0.55, "pure int8, for the cost")
                 vela_pure = compile_vela(int8, work / "vela_int8")
             excluded.append(_exclusion(wide))
             shipped, drift = wide_file, wide
@@ -87,7 +87,7 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
             vela_pure_record = _vela_record(vela_pure)
             excluded[0] = excluded[0].model_copy(update={"est_cost": _vela_cost(vela, vela_pure)})
     shutil.rmtree(work, ignore_errors=True)
-    stage("latency (LiteRT)", 0.85)
+    stage("latency", 0.85, "LiteRT")
     sample, runs = evaluation.rows(0, 1), job.latency_runs
     return schema.TargetResult(
         artifacts=artifacts,

@@ -10,7 +10,7 @@ each conversion runs in a fresh pool process (``max_tasks_per_child=1``, forked 
 that has already imported the pipeline). The pool process forks the job process itself (what
 the local queue's fork server does) and watches it: the conversion runs under the job's memory
 limit with its output in the job's log (echoed to the worker's output as it comes), and a job
-process killed by a signal fails its job with the reason (``service.worker.exit_message``:
+process killed by a signal fails its job with the reason (``service.job_process.exit_message``:
 the signal, the peak address space sampled while it ran, the log's last words), instead of
 being taken for a lost worker and run again into the same crash.
 
@@ -42,20 +42,21 @@ from celery.signals import worker_process_init
 from . import jobs
 from .db import session_scope, upgrade
 from .db.session import dispose_engines
-from .settings import Settings, get_settings
-from .storage import LocalArtifactStore
-from .worker import (
-    die_with_parent,
+from .job_process import (
+    PRELOAD,
+    clean_leftovers,
+    enter,
     exit_message,
     job_log_path,
+    limit_threads,
     peak_address_space_mb,
-    run_job_process,
+    timeout_message,
 )
+from .job_states import ENDED
+from .settings import Settings, get_settings
+from .storage import ArtifactStore, make_store
 
 TASK_NAME = "edge_un.convert"
-# Imported once by the worker: its pool processes are forks of it, so a conversion starts in
-# milliseconds instead of re-importing torch, ONNX and the pipeline.
-PRELOAD = ("service.worker", "quant.pipeline")
 QUEUE_NAME = "edge-un"
 # Celery's hard time limit comes this long after ours: ours records the reason first.
 HARD_LIMIT_GRACE_S = 60
@@ -118,7 +119,7 @@ def make_celery(settings: Settings) -> Celery:
 def convert_job(task: Task, job_id: str, recheck: bool = False) -> str:
     """Run job ``job_id`` if it is this delivery's to run. Returns what happened (for logs)."""
     settings = get_settings()
-    store = LocalArtifactStore(settings.data_dir)
+    store = make_store(settings)
     with session_scope(settings) as session:
         outcome = jobs.claim(session, job_id, settings.lease_s, settings.max_attempts)
     if outcome == "busy":
@@ -163,12 +164,8 @@ def _job_process(settings: Settings, claim: jobs.Claim, log_path: Path, parent: 
         dispose_engines(close=False)  # the pool process's connections stay the pool process's
         for number in _RESET_SIGNALS:
             signal.signal(number, signal.SIG_DFL)
-        die_with_parent(parent)  # a pool process killed (cancel, timeout, kill -9) ends it
-        descriptor = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        for stream in (1, 2):
-            os.dup2(descriptor, stream)
-        os.close(descriptor)
-        code = run_job_process(settings, claim.job_id, claim.attempt)
+        # dies with this pool process (cancel, timeout, kill -9 end it)
+        code = enter(settings, claim, log_path, parent)
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 1
     except BaseException:
@@ -208,7 +205,7 @@ def _echo(path: Path, offset: int) -> int:
 
 def _record_exit(
     settings: Settings,
-    store: LocalArtifactStore,
+    store: ArtifactStore,
     claim: jobs.Claim,
     code: int,
     peak_mb: float,
@@ -228,17 +225,6 @@ def _record_exit(
             log.warning("job %s failed: %s", claim.job_id, message)
     store.discard_run(claim.job_id, claim.attempt)
     clean_leftovers(settings, store, claim.job_id)
-
-
-def clean_leftovers(settings: Settings, store: LocalArtifactStore, job_id: str) -> None:
-    """A finished (or cancelled) job's leftovers: what killed runs staged, and its uploads."""
-    with session_scope(settings) as session:
-        state = jobs.state_of(session, job_id)
-    if state is None or state[0] in jobs.FINISHED:
-        attempts = state[1] if state else 0
-        for attempt in range(1, attempts + 1):
-            store.discard_run(job_id, attempt)
-        store.delete_uploads(job_id)
 
 
 class Watchdog(threading.Thread):
@@ -270,10 +256,7 @@ class Watchdog(threading.Thread):
         timeout = self.settings.job_timeout_s
         with session_scope(self.settings) as session:
             if time.monotonic() - self.started > timeout:
-                message = (
-                    f"the conversion timed out after {timeout:g} s (EDGE_UN_JOB_TIMEOUT_S) "
-                    "and was stopped"
-                )
+                message = timeout_message(self.settings)
                 if jobs.fail(session, self.claim, message):
                     log.warning("job %s: %s", self.claim.job_id, message)
                 alive = False
@@ -285,7 +268,7 @@ class Watchdog(threading.Thread):
     def _ended_by_itself(self, session) -> bool:
         """The run recorded its own outcome (between two beats): let it finish."""
         state = jobs.state_of(session, self.claim.job_id)
-        return state == ("succeeded", self.claim.attempt) or state == ("failed", self.claim.attempt)
+        return state is not None and state[0] in ENDED and state[1] == self.claim.attempt
 
 
 @worker_process_init.connect
@@ -309,9 +292,7 @@ def run_worker(
     )
     upgrade(settings)  # a worker may start before the API does
     dispose_engines()  # pool processes open their own connections
-    if settings.job_threads:  # read by OpenMP when torch loads
-        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            os.environ.setdefault(name, str(settings.job_threads))
+    limit_threads(settings)  # before torch loads
     for module in PRELOAD:
         importlib.import_module(module)
     argv = [

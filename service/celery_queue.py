@@ -19,10 +19,11 @@ import time
 from kombu.utils.url import maybe_sanitize_url
 
 from . import jobs
-from .celery_app import QUEUE_NAME, TASK_NAME, clean_leftovers, make_celery
+from .celery_app import QUEUE_NAME, TASK_NAME, make_celery
 from .db import session_scope
+from .job_process import clean_leftovers
 from .settings import Settings
-from .storage import LocalArtifactStore
+from .storage import make_store
 
 log = logging.getLogger("edge_un.celery_queue")
 
@@ -33,7 +34,7 @@ class CeleryQueue:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.app = make_celery(settings)
-        self.store = LocalArtifactStore(settings.data_dir)
+        self.store = make_store(settings)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._cleanups: dict[str, float] = {}  # cancelled job -> when its worker surely stopped

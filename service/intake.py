@@ -1,7 +1,7 @@
 """Accepting a conversion: stream the form's files to disk, check everything, queue the job.
 
 Nothing is queued until every check passed: the form's fields, the targets (by name, against
-``quant.targets``), the drift bar, and the files' contents (``service.inspect``, by content).
+``quant.targets``), the drift bar, and the files' contents (``service.upload_checks``, by content).
 A refused request leaves nothing behind. Files get server-chosen names (the client's names are
 labels); the model's suffix is the format its content showed, which is what the pipeline reads.
 The one exception is ``model_data`` (repeatable): an ONNX model's external data files, which the
@@ -19,34 +19,32 @@ from pathlib import Path
 
 import anyio
 
+from quant.targets import TargetProfile
+
 from . import jobs
-from .api.multipart import MultipartReader, boundary_of
 from .db import Job, session_scope
-from .inspect import inspect_config, inspect_model, inspect_npz
+from .errors import Refusal, UploadRejected, malformed
 from .metrics import Metrics
-from .problems import Problem
+from .multipart import MultipartReader, boundary_of
+from .services import Services
 from .settings import DEFAULT_MAX_PARAMETERS, Settings
 from .storage import ArtifactStore
+from .upload_checks import ModelUpload, inspect_config, inspect_model, inspect_npz
 from .uploads import (
     DATA_FIELD,
+    FILE_FIELDS,
+    HF_DIRECTORY,
     MAX_DATA_FILES,
-    UploadRejected,
     data_file_name,
     safe_label,
     save_upload,
 )
 
 log = logging.getLogger("edge_un.intake")
-FILE_FIELDS = ("model", "config", "calib", "eval")
 TEXT_FIELDS = ("targets", "max_drift")
-SUFFIXES = {"config": "json", "calib": "npz", "eval": "npz"}
-MODEL_FORMATS = ("safetensors", "pt", "pt2", "onnx", "hf")  # hf: the directory model.hf/
-# What the other files are stored under in a job's upload directory, while received and after
-# the checks: a model_data file may not take one of these names.
-STORED_NAMES = frozenset(
-    [*FILE_FIELDS, *(f"model.{fmt}" for fmt in MODEL_FORMATS)]
-    + [f"{name}.{suffix}" for name, suffix in SUFFIXES.items()]
-)
+# What the other files are stored under in a job's upload directory: a model_data file may not
+# take one of these names.
+STORED_NAMES = frozenset([*FILE_FIELDS, HF_DIRECTORY])
 # All files of one request together: at most this many of EDGE_UN_MAX_UPLOAD_MB (4: a model, a
 # config and two data files at the limit each; the model's external data counts in this too).
 MAX_REQUEST_FILES = 4
@@ -66,19 +64,21 @@ class Form:
         return sum(self.sizes.values()) + sum(self.data_files.values())
 
 
-def parse_targets(text: str | None) -> str:
-    """ "cpu, imx93" -> "cpu,imx93"; blank or "all" -> every target this installation can
-    build, named (the job then says what it builds); 422 if unknown or not buildable here."""
+def parse_targets(text: str | None) -> tuple[TargetProfile, ...]:
+    """ "cpu, imx93" -> those profiles; blank or "all" -> every target this installation can
+    build (the job then names what it builds); refused if unknown or not buildable here."""
     from quant.availability import TargetUnavailableError, targets_to_build
     from quant.errors import UnknownTargetError
 
     try:
         profiles, _ = targets_to_build(text)
     except UnknownTargetError as error:
-        raise Problem(422, f"{error} (GET /v1/targets describes each)", "Unknown target") from None
+        raise UploadRejected(
+            Refusal.UNUSABLE, "Unknown target", f"{error} (GET /v1/targets describes each)"
+        ) from None
     except TargetUnavailableError as error:
-        raise Problem(422, str(error), "Target not available") from None
-    return ",".join(p.name for p in profiles)
+        raise UploadRejected(Refusal.UNUSABLE, "Target not available", str(error)) from None
+    return profiles
 
 
 def parse_max_drift(text: str | None) -> float:
@@ -91,11 +91,11 @@ def parse_max_drift(text: str | None) -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or not 0 <= value <= MAX_DRIFT_LIMIT:
-        raise Problem(
-            422,
+        raise UploadRejected(
+            Refusal.UNUSABLE,
+            "Bad max_drift",
             f"max_drift must be a number of top-1 points from 0 to {MAX_DRIFT_LIMIT:g} (the "
             f"accuracy an int8 file may lose), e.g. 0.5; got {text[:40]!r}",
-            "Bad max_drift",
         )
     return value
 
@@ -123,7 +123,7 @@ async def receive(
             form.texts["targets"] += "," + await reader.text(part.name)
             continue
         if part.name in form.labels or part.name in form.texts:
-            raise Problem(400, f"the form field {part.name!r} is given twice; send it once")
+            raise malformed(f"the form field {part.name!r} is given twice; send it once")
         if part.name in FILE_FIELDS:
             form.labels[part.name] = safe_label(part.filename, part.name)
             chunks = _counted(reader.data(), metrics, part.name)
@@ -133,12 +133,11 @@ async def receive(
         elif part.name == DATA_FIELD:
             name = data_file_name(part.filename, DATA_FIELD, STORED_NAMES)
             if name in form.data_files:
-                raise Problem(
-                    400, f"the {DATA_FIELD!r} file {name[:80]!r} is given twice; send it once"
+                raise malformed(
+                    f"the {DATA_FIELD!r} file {name[:80]!r} is given twice; send it once"
                 )
             if len(form.data_files) == MAX_DATA_FILES:
-                raise Problem(
-                    400,
+                raise malformed(
                     f"more than {MAX_DATA_FILES} {DATA_FIELD!r} files; save the model's external "
                     "data as one file (onnx.save_model(model, path, save_as_external_data=True, "
                     "all_tensors_to_one_file=True, location='model.onnx.data'))",
@@ -150,17 +149,16 @@ async def receive(
         elif part.name in TEXT_FIELDS:
             form.texts[part.name] = await reader.text(part.name)
         else:
-            raise Problem(
-                400,
+            raise malformed(
                 f"unknown form field {part.name[:40]!r}; the fields are "
                 f"{', '.join((*FILE_FIELDS, DATA_FIELD, *TEXT_FIELDS))}",
             )
     if "model" not in form.labels:
-        raise Problem(
-            422,
+        raise UploadRejected(
+            Refusal.UNUSABLE,
+            "Missing model",
             "the form has no 'model' file: send the checkpoint as the 'model' "
             "field (curl -F model=@model.safetensors ...)",
-            "Missing model",
         )
     return form
 
@@ -173,10 +171,10 @@ async def _save(
     try:
         return await save_upload(chunks, path, limit, name)
     except UploadRejected as error:
-        if error.status != 413 or limit == max_bytes:
+        if error.kind != Refusal.TOO_LARGE or limit == max_bytes:
             raise
         raise UploadRejected(
-            413,
+            Refusal.TOO_LARGE,
             "Upload too large",
             f"the request's files together are larger than {MAX_REQUEST_FILES} times the "
             f"{max_bytes / (1 << 20):.6g} MB limit of one file (EDGE_UN_MAX_UPLOAD_MB); send "
@@ -184,10 +182,11 @@ async def _save(
         ) from None
 
 
-def check_files(form: Form, dest: Path, max_parameters: int = DEFAULT_MAX_PARAMETERS) -> str:
-    """Content checks (blocking: run in a thread); the files renamed for the pipeline.
-    Returns the model's format. A check that fails unexpectedly still refuses the upload
-    (a 422, logged): nothing a client sends may become a 5xx."""
+def check_files(
+    form: Form, dest: Path, max_parameters: int = DEFAULT_MAX_PARAMETERS
+) -> ModelUpload:
+    """Content checks (blocking: run in a thread): what the model is. A check that fails
+    unexpectedly still refuses the upload (logged): nothing a client sends may become a 5xx."""
     try:
         return _check_files(form, dest, max_parameters)
     except UploadRejected:
@@ -195,14 +194,14 @@ def check_files(form: Form, dest: Path, max_parameters: int = DEFAULT_MAX_PARAME
     except Exception as error:
         log.exception("a content check failed unexpectedly")
         raise UploadRejected(
-            422,
+            Refusal.UNUSABLE,
             "Unreadable upload",
             f"the uploaded files could not be checked ({type(error).__name__}); send a model "
             "in one of the supported formats (.safetensors, .pt/.pth with config, .pt2, .onnx)",
         ) from None
 
 
-def _check_files(form: Form, dest: Path, max_parameters: int) -> str:
+def _check_files(form: Form, dest: Path, max_parameters: int) -> ModelUpload:
     config = inspect_config(dest / "config") if "config" in form.labels else None
     # model_data files stay where they are: beside the model, under the names it references
     external = {name: dest / name for name in form.data_files}
@@ -210,14 +209,9 @@ def _check_files(form: Form, dest: Path, max_parameters: int) -> str:
     for name in ("calib", "eval"):
         if name in form.labels:
             inspect_npz(dest / name, name, model.inputs)  # type: ignore[arg-type]
-    if model.format == "hf":  # extracted into model.hf/ by the check; the archive is done
+    if model.format == "hf":  # extracted into its directory by the check; the archive is done
         (dest / "model").unlink()
-    else:
-        (dest / "model").rename(dest / f"model.{model.format}")
-    for name, suffix in SUFFIXES.items():
-        if name in form.labels:
-            (dest / name).rename(dest / f"{name}.{suffix}")
-    return model.format
+    return model
 
 
 async def _drain(body: AsyncIterator[bytes]) -> None:
@@ -242,15 +236,15 @@ async def accept(
     *,
     browser: bool = False,
 ) -> Job:
-    """A queued job for this request, or a Problem/UploadRejected (and nothing kept).
-    ``browser``: the web page's form (see ``receive``)."""
+    """A queued job for this request, or UploadRejected (and nothing kept). ``browser``: the
+    web page's form (see ``receive``)."""
     boundary = boundary_of(content_type)
     limit = settings.max_upload_bytes
     too_long = MAX_REQUEST_FILES * limit + (1 << 20)  # with room for the multipart framing
     if content_length and content_length.isdigit() and int(content_length) > too_long:
         metrics.uploads.labels("rejected").inc()
         raise UploadRejected(
-            413,
+            Refusal.TOO_LARGE,
             "Upload too large",
             f"the request is {int(content_length):,} "
             f"bytes, more than {MAX_REQUEST_FILES} files of the {settings.max_upload_mb:g} MB "
@@ -262,14 +256,12 @@ async def accept(
         form = await receive(MultipartReader(body, boundary), dest, limit, metrics, browser)
         targets = parse_targets(form.texts.get("targets"))
         max_drift = parse_max_drift(form.texts.get("max_drift"))
-        model_format = await anyio.to_thread.run_sync(
-            check_files, form, dest, settings.max_parameters
-        )
+        model = await anyio.to_thread.run_sync(check_files, form, dest, settings.max_parameters)
         request = jobs.NewJob(
             token_id=token_id,
-            targets=targets,
+            targets=tuple(profile.name for profile in targets),
             max_drift=max_drift,
-            model_format=model_format,
+            model_format=model.format,
             model_label=form.labels["model"],
             config_label=form.labels.get("config"),
             calib_label=form.labels.get("calib"),
@@ -279,11 +271,36 @@ async def accept(
         job = await anyio.to_thread.run_sync(_create, settings, job_id, request)
     except BaseException as error:
         store.delete_uploads(job_id)
-        if isinstance(error, Problem | UploadRejected):
+        if isinstance(error, UploadRejected):
             metrics.uploads.labels("rejected").inc()
             await _drain(body)
         raise
     metrics.uploads.labels("accepted").inc()
+    return job
+
+
+async def submit(
+    services: Services,
+    body: AsyncIterator[bytes],
+    content_type: str | None,
+    content_length: str | None,
+    token_id: int | None,
+    *,
+    browser: bool = False,
+) -> Job:
+    """Accept the request (:func:`accept`) and hand its job to the queue."""
+    job = await accept(
+        body,
+        content_type,
+        content_length,
+        token_id,
+        services.settings,
+        services.store,
+        services.metrics,
+        browser=browser,
+    )
+    # in a thread: a Celery publish is network I/O (and waits out a broker that is away)
+    await anyio.to_thread.run_sync(services.queue.submit, job.id)
     return job
 
 

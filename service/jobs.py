@@ -1,4 +1,5 @@
-"""Job records and their state machine: queued -> running -> succeeded | failed | cancelled.
+"""Job records and their state machine: queued -> running -> succeeded | partial | failed |
+cancelled (``service.job_states``).
 
 The database is the queue: a job is accepted only once its row is committed, a dispatcher
 claims the oldest queued row with one conditional UPDATE (two claimers can never both win),
@@ -17,20 +18,12 @@ from typing import Literal
 from sqlalchemy import ColumnElement, delete, func, select, update
 from sqlalchemy.orm import Session
 
+from converters.progress import ProgressEvent
+from converters.source import ModelFormat
+
 from .db import Job, JobStage
 from .db.models import utcnow
-
-State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-STATES: tuple[State, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
-FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
-# Every move a job can make; anything else is a bug (or a stale writer, which is refused).
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "queued": frozenset({"running", "cancelled"}),
-    "running": frozenset({"succeeded", "failed", "cancelled", "queued"}),
-    "succeeded": frozenset(),
-    "failed": frozenset(),
-    "cancelled": frozenset(),
-}
+from .job_states import FINISHED, STATES, TRANSITIONS, State, stage_label
 
 
 @dataclass(frozen=True)
@@ -38,9 +31,9 @@ class NewJob:
     """What an accepted upload asks for."""
 
     token_id: int | None
-    targets: str
+    targets: tuple[str, ...]  # the profiles' names
     max_drift: float
-    model_format: str
+    model_format: ModelFormat
     model_label: str
     config_label: str | None = None
     calib_label: str | None = None
@@ -69,7 +62,7 @@ def create(session: Session, job_id: str, request: NewJob) -> Job:
         attempts=0,
         created_at=now,
         updated_at=now,
-        **request.__dict__,
+        **{**request.__dict__, "targets": list(request.targets)},
     )
     session.add(job)
     session.flush()
@@ -133,6 +126,8 @@ def claim_next(session: Session) -> Claim | None:
             started_at=now,
             updated_at=now,
             stage="starting",
+            target=None,
+            stage_detail=None,
             percent=0.0,
             pid=None,
         )
@@ -150,30 +145,41 @@ def set_pid(session: Session, claim: Claim, pid: int) -> None:
     )
 
 
-def progress(session: Session, claim: Claim, stage: str, percent: float) -> bool:
+def progress(session: Session, claim: Claim, event: ProgressEvent) -> bool:
+    """Record where a running job is, as the pipeline reported it; False if it no longer runs
+    this attempt."""
     result = session.execute(
         update(Job)
         .where(Job.id == claim.job_id, Job.attempts == claim.attempt, Job.state == "running")
         .values(
-            stage=stage[:200], percent=round(min(max(percent, 0.0), 100.0), 1), updated_at=utcnow()
+            stage=event.stage[:200],
+            target=event.target,
+            stage_detail=None if event.detail is None else event.detail[:200],
+            percent=round(min(max(100 * event.fraction, 0.0), 100.0), 1),
+            updated_at=utcnow(),
         )
     )
     return result.rowcount == 1
+
 
 
 def record_stages(session: Session, job_id: str, stages: Sequence[tuple[str, float]]) -> None:
     session.add_all(JobStage(job_id=job_id, stage=s[:64], seconds=t) for s, t in stages)
 
 
-def succeed(session: Session, claim: Claim) -> bool:
+def succeed(session: Session, claim: Claim, failures: str | None = None) -> bool:
+    """The run published its report and artifacts: ``succeeded``, or ``partial`` when some
+    targets failed (``failures``: which, and why)."""
     return _move(
         session,
         claim.job_id,
-        "succeeded",
+        "succeeded" if failures is None else "partial",
         attempt=claim.attempt,
         stage="done",
+        target=None,
+        stage_detail=None,
         percent=100.0,
-        error=None,
+        error=None if failures is None else failures[:2000],
     )
 
 
@@ -192,6 +198,8 @@ def requeue(session: Session, claim: Claim, *, count_attempt: bool = True) -> bo
         attempt=claim.attempt,
         attempts=attempts,
         stage=None,
+        target=None,
+        stage_detail=None,
         percent=0.0,
         pid=None,
         started_at=None,
@@ -221,8 +229,10 @@ def state_of(session: Session, job_id: str) -> tuple[str, int] | None:
 
 
 def stage_of(session: Session, job_id: str) -> str | None:
-    """The last stage a job recorded (None before its first, or if it is gone)."""
-    return session.scalar(select(Job.stage).where(Job.id == job_id))
+    """The last stage a job recorded, as :func:`stage_label` (None before its first, or if
+    the job is gone)."""
+    job = session.scalar(select(Job).where(Job.id == job_id))
+    return None if job is None else stage_label(job)
 
 
 def recover(session: Session, max_attempts: int) -> tuple[list[str], list[str]]:
@@ -271,7 +281,8 @@ def claim(session: Session, job_id: str, lease_s: float, max_attempts: int) -> C
     job cannot both win."""
     now = utcnow()
     start = {"attempts": Job.attempts + 1, "started_at": now, "heartbeat_at": now,
-             "updated_at": now, "stage": "starting", "percent": 0.0, "pid": None}  # fmt: skip
+             "updated_at": now, "stage": "starting", "target": None, "stage_detail": None,
+             "percent": 0.0, "pid": None}  # fmt: skip
     taken = session.execute(
         update(Job).where(Job.id == job_id, Job.state == "queued")
         .values(state="running", **start).returning(Job.attempts)

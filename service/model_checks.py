@@ -1,4 +1,4 @@
-"""Model checks behind :func:`service.inspect.inspect_model`, one per format.
+"""Model checks behind :func:`service.upload_checks.inspect_model`, one per format.
 
 Each reads its format with the project's own safe loader and turns every problem into an
 UploadRejected: edge_un checkpoints (.safetensors, or a torch state dict with a config) after
@@ -14,7 +14,6 @@ from __future__ import annotations
 import inspect as pyinspect  # the standard library's (absolute import)
 import json
 import math
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -23,9 +22,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from converters.source import ModelFormat
+from quant.errors import one_line
+
 from . import sniff
+from .errors import Refusal, UploadRejected
 from .settings import DEFAULT_MAX_PARAMETERS
-from .uploads import DATA_FIELD, MIB, UploadRejected, name_problem
+from .uploads import DATA_FIELD, MIB, name_problem
 
 PARAMETERS_SETTING = "EDGE_UN_MAX_PARAMETERS"
 # Protobuf's own limit on one message: a larger .onnx cannot be a model (its weights must then
@@ -48,20 +51,15 @@ MIGRATE_ADVICE = (
 
 @dataclass(frozen=True)
 class ModelUpload:
-    format: Literal["safetensors", "pt", "pt2", "onnx", "hf"]
+    format: ModelFormat
     parameters: int | None
     norm: str | None
     # The model's input names in order, as the conversion names them (None: not known here).
     inputs: tuple[str, ...] | None = None
 
 
-def reject(title: str, detail: str, status: int = 422) -> UploadRejected:
-    return UploadRejected(status, title, detail)
-
-
-def one_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
+def reject(title: str, detail: str, kind: Refusal = Refusal.UNUSABLE) -> UploadRejected:
+    return UploadRejected(kind, title, detail)
 
 
 def check_size(parameters: int, what: str, limit: int = DEFAULT_MAX_PARAMETERS) -> None:
@@ -119,18 +117,17 @@ def check_checkpoint(
     implied = implied_parameters(parsed) if parsed is not None else None
     if implied is not None:
         check_size(implied, "the config asks for a model of at least", max_parameters)
-    with _with_suffix(path, ".safetensors" if fmt == "safetensors" else ".pt") as named:
-        try:
-            model, info = edge_un.load_checkpoint(named, config=config)
-        except edge_un.CheckpointError as error:
-            raise _checkpoint_rejection(error, named.name) from None
-        except MemoryError:
-            raise
-        except Exception as error:  # a config's values can break a constructor in many ways
-            raise reject(
-                "Config does not match the weights",
-                f"the config does not build a model ({type(error).__name__}: {one_line(error)})",
-            ) from None
+    try:
+        model, info = edge_un.load_checkpoint(path, config=config, format=fmt)
+    except edge_un.CheckpointError as error:
+        raise _checkpoint_rejection(error, path.name) from None
+    except MemoryError:
+        raise
+    except Exception as error:  # a config's values can break a constructor in many ways
+        raise reject(
+            "Config does not match the weights",
+            f"the config does not build a model ({type(error).__name__}: {one_line(error)})",
+        ) from None
     online = [
         f"{n} ({type(m).__name__})"
         for n, m in model.named_modules()
@@ -175,20 +172,25 @@ def _parse_raw_config(raw: Any) -> dict | None:
     return raw if isinstance(raw, dict) else None
 
 
-_CHECKPOINT_TITLES = {
-    "NotACheckpointError": "Not a readable checkpoint",
-    "UnsafeCheckpointError": "Code-execution payload refused",
-    "MissingConfigError": "Missing config",
-    "UnknownArchitectureError": "Unknown architecture",
-    "ConfigMismatchError": "Config does not match the weights",
-    "TensorMismatchError": "Config does not match the weights",
-    "NonFiniteTensorError": "Non-finite weights",
-}
+def _checkpoint_title(error: Exception) -> str:
+    """A short title for a checkpoint loader's error, by its class."""
+    import edge_un
+
+    titles = (
+        (edge_un.NotACheckpointError, "Not a readable checkpoint"),
+        (edge_un.UnsafeCheckpointError, "Code-execution payload refused"),
+        (edge_un.MissingConfigError, "Missing config"),
+        (edge_un.UnknownArchitectureError, "Unknown architecture"),
+        (edge_un.ConfigMismatchError, "Config does not match the weights"),
+        (edge_un.TensorMismatchError, "Config does not match the weights"),
+        (edge_un.NonFiniteTensorError, "Non-finite weights"),
+    )
+    return next((title for kind, title in titles if isinstance(error, kind)), "Bad checkpoint")
 
 
 def _checkpoint_rejection(error: Exception, name: str) -> UploadRejected:
     """The loader's one line, without the (server-chosen) file name it starts with."""
-    title = _CHECKPOINT_TITLES.get(type(error).__name__, "Bad checkpoint")
+    title = _checkpoint_title(error)
     line = one_line(error).removeprefix(f"{name}: ")
     advice = {
         "Config does not match the weights": "; send the config the checkpoint was saved with",
@@ -201,23 +203,6 @@ def _checkpoint_rejection(error: Exception, name: str) -> UploadRejected:
     return reject(title, f"{prefix}{line}{advice}")
 
 
-class _with_suffix:
-    """A symlink to ``path`` named with ``suffix``: the loaders choose their reader by suffix,
-    while uploads have server-chosen names without one."""
-
-    def __init__(self, path: Path, suffix: str) -> None:
-        self.path, self.suffix = path, suffix
-
-    def __enter__(self) -> Path:
-        self._dir = tempfile.TemporaryDirectory(prefix="edge-un-inspect-")
-        link = Path(self._dir.name) / f"{self.path.name}{self.suffix}"
-        link.symlink_to(self.path.resolve())
-        return link
-
-    def __exit__(self, *exc: object) -> None:
-        self._dir.cleanup()
-
-
 def check_program(path: Path, max_parameters: int = DEFAULT_MAX_PARAMETERS) -> ModelUpload:
     import torch
 
@@ -226,12 +211,11 @@ def check_program(path: Path, max_parameters: int = DEFAULT_MAX_PARAMETERS) -> M
     from converters.program import load_program
 
     try:
-        with _with_suffix(path, ".pt2") as named:  # torch warns about any other name
-            program = load_program(named)
+        program = load_program(path)
     except NotAProgramError as error:
         raise reject(
             "Not a readable program",
-            one_line(error).replace(f"{path.name}.pt2", "the 'model' upload", 1),
+            one_line(error).replace(path.name, "the 'model' upload", 1),
         ) from None
     parameters = sum(p.numel() for p in program.parameters())
     check_size(parameters, "the program stores", max_parameters)

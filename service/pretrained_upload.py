@@ -5,7 +5,7 @@ member count, encryption), then more strictly: no member may name a path outside
 (absolute, ``..``, a backslash, a drive) or be a symbolic link, whatever it is. Of the one
 folder that holds ``config.json`` (the archive's root, or a single folder in it, as ``zip -r
 my-vit.zip my-vit`` makes) only ``config.json``, ``*.safetensors`` and the safetensors shard
-index are extracted, under their plain names into ``model.hf/``; tokenizer files, READMEs and
+index are extracted, under their plain names into their own directory; tokenizer files, READMEs and
 anything else are never read. ``pytorch_model.bin`` is refused (a pickle), with how to re-save.
 The model is then loaded the way the pipeline loads it (``edge_un.load_pretrained``: local
 files, safetensors, never remote code) and refused if it has online norms or too many weights.
@@ -19,8 +19,11 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
+from quant.errors import one_line
+
 from . import sniff
-from .model_checks import ModelUpload, check_size, one_line, reject
+from .model_checks import ModelUpload, check_size, reject
+from .uploads import HF_DIRECTORY
 
 CONFIG_FILE = "config.json"
 SHARD_INDEX = "model.safetensors.index.json"
@@ -43,10 +46,11 @@ def is_pretrained_archive(names: list[str]) -> bool:
 
 def check_pretrained_zip(path: Path, names: list[str], max_parameters: int) -> ModelUpload:
     """Check the archive at ``path`` (members ``names``, already through ``check_zip``), extract
-    what a model needs into ``model.hf/`` beside it, and check the model. UploadRejected if not."""
+    what a model needs into its own directory beside it (``uploads.HF_DIRECTORY``), and check
+    the model. UploadRejected if not."""
     folder = _model_folder(path, names)
     wanted = _wanted_members(names, folder)
-    target = path.with_name("model.hf")
+    target = path.with_name(HF_DIRECTORY)
     target.mkdir()
     _extract(path, wanted, target)
     _check_config(target / CONFIG_FILE)

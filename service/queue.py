@@ -8,7 +8,7 @@ process. Each job runs in its own process, forked from a multiprocessing fork se
 imported the pipeline once (a job starts in milliseconds, not after seconds of imports), in
 its own session (process group): a timeout or a cancel kills the whole group; a job process
 that dies without recording an outcome (killed, crashed, out of memory) fails its job with a
-message saying which, from the evidence (``service.worker.exit_message``: its peak address
+message saying which, from the evidence (``service.job_process.exit_message``: its peak address
 space, sampled at every tick while it runs, and its log), and nothing else is affected. The
 fork server exits when this process dies, and job processes die with it (PR_SET_PDEATHSIG);
 on start-up, jobs a dead server left running are queued again or, after ``max_attempts``,
@@ -35,13 +35,18 @@ import psutil
 
 from . import jobs
 from .db import session_scope
+from .job_process import (
+    PRELOAD,
+    child_main,
+    clean_leftovers,
+    exit_message,
+    job_log_path,
+    limit_threads,
+    peak_address_space_mb,
+    timeout_message,
+)
 from .settings import Settings
-from .storage import LocalArtifactStore
-from .worker import child_main, exit_message, job_log_path, peak_address_space_mb
-
-# Imported once by the fork server; each job process is a fork of it, so a job starts in
-# milliseconds instead of re-importing torch, ONNX and the pipeline (seconds each time).
-PRELOAD = ["service.worker", "quant.pipeline"]
+from .storage import make_store
 
 log = logging.getLogger("edge_un.queue")
 
@@ -102,7 +107,7 @@ class LocalProcessQueue:
         self._thread: threading.Thread | None = None
         self._running: dict[str, _Running] = {}
         self.logs = settings.data_dir.resolve() / "logs"
-        self.store = LocalArtifactStore(settings.data_dir)
+        self.store = make_store(settings)
         self._context: ForkServerContext | None = None
 
     # -- the interface -------------------------------------------------------------------
@@ -181,11 +186,9 @@ class LocalProcessQueue:
 
     def _forkserver(self) -> ForkServerContext:
         if self._context is None:
-            if self.settings.job_threads:  # read by OpenMP when the fork server loads torch
-                for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-                    os.environ.setdefault(name, str(self.settings.job_threads))
+            limit_threads(self.settings)  # before the fork server loads torch
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(PRELOAD)
+            context.set_forkserver_preload(list(PRELOAD))
             self._context = context
         return self._context
 
@@ -235,10 +238,7 @@ class LocalProcessQueue:
                 run.reason = "cancelled"
                 _kill_group(run.process.pid or 0)
             elif now - run.started > self.settings.job_timeout_s:
-                run.reason = (
-                    f"the conversion timed out after {self.settings.job_timeout_s:g} s "
-                    "(EDGE_UN_JOB_TIMEOUT_S) and was stopped"
-                )
+                run.reason = timeout_message(self.settings)
                 _kill_group(run.process.pid or 0)
 
     def _reap(self) -> None:
@@ -258,17 +258,10 @@ class LocalProcessQueue:
                     # no-op if the job process recorded its own outcome before exiting
                     if jobs.fail(session, run.claim, message):
                         log.warning("job %s failed: %s", job_id, message)
-            self._clean(run.claim)
+            self.store.discard_run(run.claim.job_id, run.claim.attempt)
+            clean_leftovers(self.settings, self.store, job_id)
             log.info("job %s attempt %d ended (exit %s)", job_id, run.claim.attempt, code)
             self._wake.set()  # a slot is free
-
-    def _clean(self, claim: jobs.Claim) -> None:
-        """A run's leftovers: its staging directory; the uploads once the job is over."""
-        self.store.discard_run(claim.job_id, claim.attempt)
-        with session_scope(self.settings) as session:
-            state = jobs.state_of(session, claim.job_id)
-        if state is None or state[0] in jobs.FINISHED:
-            self.store.delete_uploads(claim.job_id)
 
     def _exit_message(self, code: int, run: _Running) -> str:
         with session_scope(self.settings) as session:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from quant.report import Host, Report, TargetReport
+from quant.report import REPORT_FILE, Host, Report, TargetReport
 from quant.summary import (
     WORST_LAYER_HEADERS,
     drift_rows,
@@ -61,8 +61,13 @@ def write_report_html(out_dir: Path) -> Path:
     renders the file too (not the report in memory: JSON has no infinity, an SQNR of inf is
     written as null)."""
     path = out_dir / REPORT_HTML
-    path.write_text(render_report_html(Report.read(out_dir / "report.json")), encoding="utf-8")
+    path.write_text(report_page(out_dir / REPORT_FILE), encoding="utf-8")
     return path
+
+
+def report_page(report_json: Path) -> str:
+    """The page for the report.json at ``report_json``."""
+    return render_report_html(Report.read(report_json))
 
 
 def render_report_html(report: Report) -> str:

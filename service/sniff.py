@@ -1,6 +1,6 @@
 """What an uploaded file is, read from its bytes, without running or extracting anything.
 
-Three readers the content checks in :mod:`service.inspect` build on: the safetensors header
+Three readers the content checks in :mod:`service.upload_checks` build on: the safetensors header
 (validated against the file size, so a truncated file is named as such before any loader maps
 it), zip archives (limits on the declared sizes refuse a zip bomb before a byte is inflated:
 :mod:`zipfile` never inflates past a member's declared size) and pickles (their opcodes walked
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .uploads import MIB, UploadRejected
+from .errors import Refusal, UploadRejected
+from .uploads import MIB
 
 Kind = Literal["empty", "safetensors", "zip", "pickle", "npy", "other"]
 
@@ -132,7 +133,7 @@ class SafetensorsHeader:
 
 
 def _bad(title: str, detail: str) -> UploadRejected:
-    return UploadRejected(422, title, detail)
+    return UploadRejected(Refusal.UNUSABLE, title, detail)
 
 
 def read_safetensors_header(path: Path) -> SafetensorsHeader:

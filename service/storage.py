@@ -9,7 +9,6 @@ names in that manifest are ever served (no path from a client reaches the file s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,10 +17,14 @@ import zipfile
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quant.digest import sha256_file
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 MANIFEST = ".manifest.json"
-REPORT_JSON = "report.json"
-REPORT_MD = "report.md"
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,9 @@ class ArtifactStore(ABC):
         """The file of a published artifact, or None if no such artifact."""
 
     @abstractmethod
-    def write_bundle(self, job_id: str, dest: Path) -> bool:
-        """Write every artifact (and the reports) into the zip file ``dest``."""
+    def bundle(self, job_id: str) -> Path | None:
+        """Every artifact (and the reports) in one new zip file, which the caller removes once
+        sent; None if the job has no artifacts (any more)."""
 
     @abstractmethod
     def delete(self, job_id: str) -> None:
@@ -71,14 +75,6 @@ class ArtifactStore(ABC):
         """Remove a job's uploads only (after it finished, or when an upload is refused)."""
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -89,13 +85,15 @@ def _fsync_dir(path: Path) -> None:
 
 class LocalArtifactStore(ArtifactStore):
     """``{root}/uploads/{job}/``, ``{root}/artifacts/.staging/{job}-{attempt}/`` and
-    ``{root}/artifacts/{job}/`` (staging shares the file system, so the rename is atomic)."""
+    ``{root}/artifacts/{job}/`` (staging shares the file system, so the rename is atomic);
+    bundles being sent in ``{root}/tmp/``."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root).resolve()
         self.uploads = self.root / "uploads"
         self.artifacts = self.root / "artifacts"
         self.staging = self.artifacts / ".staging"
+        self.scratch = self.root / "tmp"
 
     @staticmethod
     def _check_id(job_id: str) -> str:
@@ -146,15 +144,21 @@ class LocalArtifactStore(ArtifactStore):
         listed = {info.name for info in self.list(job_id) or []}
         return self.artifacts / job_id / name if name in listed else None
 
-    def write_bundle(self, job_id: str, dest: Path) -> bool:
+    def bundle(self, job_id: str) -> Path | None:
         infos = self.list(job_id)
         if infos is None:
-            return False
+            return None
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        dest = self.scratch / f"bundle-{job_id}-{uuid.uuid4().hex}.zip"
         base = self.artifacts / job_id
-        with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
-            for info in infos:
-                bundle.write(base / info.name, f"{job_id}/{info.name}")
-        return True
+        try:
+            with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
+                for info in infos:
+                    bundle.write(base / info.name, f"{job_id}/{info.name}")
+        except FileNotFoundError:  # deleted while it was being zipped
+            dest.unlink(missing_ok=True)
+            return None
+        return dest
 
     def delete(self, job_id: str) -> None:
         self._check_id(job_id)
@@ -173,3 +177,9 @@ class LocalArtifactStore(ArtifactStore):
 
     def discard_run(self, job_id: str, attempt: int) -> None:
         shutil.rmtree(self.staging / f"{self._check_id(job_id)}-{attempt}", ignore_errors=True)
+
+
+def make_store(settings: Settings) -> ArtifactStore:
+    """The artifact store the settings ask for (the local data directory: the one kind so far;
+    shared or object storage would be chosen here)."""
+    return LocalArtifactStore(settings.data_dir)

@@ -13,6 +13,10 @@ import unicodedata
 from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 
+from converters.source import ModelFormat, ModelSource
+
+from .errors import Refusal, UploadRejected
+
 MAX_LABEL_CHARS = 255  # a file name on every common file system
 MIB = 1024 * 1024
 LIMIT_SETTING = "EDGE_UN_MAX_UPLOAD_MB"
@@ -20,27 +24,13 @@ LIMIT_SETTING = "EDGE_UN_MAX_UPLOAD_MB"
 # (torch.onnx.export and onnx.save_model write one: all_tensors_to_one_file).
 DATA_FIELD = "model_data"
 MAX_DATA_FILES = 8
+# How a job's upload directory is laid out: each file under its form field's name, and a Hugging
+# Face model's files (uploaded as one .zip) extracted into their own directory. The format of
+# the model is the upload checks' finding, recorded with the job, never a suffix.
+FILE_FIELDS = ("model", "config", "calib", "eval")
+HF_DIRECTORY = "model.hf"
 # Bidirectional overrides and isolates: a name displayed as "model.onnx" that is not.
 _BIDI_CONTROLS = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
-
-
-class UploadRejected(Exception):
-    """A client error in an upload: the HTTP status, a short title and a detail that says what
-    was wrong and what to do (the three fields of an RFC 9457 problem)."""
-
-    def __init__(self, status: int, title: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.title = title
-        self.detail = detail
-
-    def __repr__(self) -> str:
-        return f"UploadRejected({self.status}, {self.title!r}, {self.detail!r})"
-
-
-def max_upload_bytes(max_upload_mb: float) -> int:
-    """The byte limit for ``Settings.max_upload_mb`` (MiB, as the size message reports it)."""
-    return int(max_upload_mb * MIB)
 
 
 def safe_label(filename: str | None, field: str) -> str:
@@ -55,7 +45,7 @@ def safe_label(filename: str | None, field: str) -> str:
     problem = name_problem(filename)
     if problem:
         raise UploadRejected(
-            400,
+            Refusal.MALFORMED,
             "Bad file name",
             f"the file name of the {field!r} upload {_show(filename)} {problem}; send a plain "
             "file name such as model.safetensors (it is only a label: the server names files)",
@@ -71,7 +61,7 @@ def data_file_name(filename: str | None, field: str, reserved: Collection[str]) 
     example = "e.g. model.onnx.data"
     if filename is None or filename == "":
         raise UploadRejected(
-            400,
+            Refusal.MALFORMED,
             "Bad file name",
             f"a {field!r} part has no file name; send each external data file under the name "
             f"the ONNX model references ({example}: curl -F {field}=@model.onnx.data)",
@@ -81,14 +71,14 @@ def data_file_name(filename: str | None, field: str, reserved: Collection[str]) 
         problem = f"is longer than {MAX_LABEL_CHARS} bytes"  # what a file system takes (NAME_MAX)
     if problem:
         raise UploadRejected(
-            400,
+            Refusal.MALFORMED,
             "Bad file name",
             f"the file name of a {field!r} upload {_show(filename)} {problem}; send each external "
             f"data file under the plain file name the ONNX model references ({example})",
         )
     if filename in reserved:
         raise UploadRejected(
-            400,
+            Refusal.MALFORMED,
             "Bad file name",
             f"the {field!r} file name {_show(filename)} is one the server stores the other "
             f"uploads under ({', '.join(sorted(reserved))}); save the model's external data "
@@ -136,7 +126,7 @@ async def save_upload(chunks: AsyncIterator[bytes], dest: Path, max_bytes: int, 
                 total += len(chunk)
                 if total > max_bytes:
                     raise UploadRejected(
-                        413,
+                        Refusal.TOO_LARGE,
                         "Upload too large",
                         f"the {field!r} upload is larger than the limit of "
                         f"{_megabytes(max_bytes)} MB; send a smaller file, or raise the limit "
@@ -150,10 +140,19 @@ async def save_upload(chunks: AsyncIterator[bytes], dest: Path, max_bytes: int, 
     if total == 0:
         dest.unlink()
         raise UploadRejected(
-            400, "Empty upload", f"the {field!r} upload is empty (0 bytes); send the file itself"
+            Refusal.MALFORMED,
+            "Empty upload",
+            f"the {field!r} upload is empty (0 bytes); send the file itself",
         )
     return total
 
 
 def _megabytes(max_bytes: int) -> str:
     return f"{max_bytes / MIB:.6g}"
+
+
+def stored_model(upload_dir: Path, format: ModelFormat, label: str) -> ModelSource:
+    """The checked model of a job, in the format its checks found, named after the file the
+    user uploaded (``label``)."""
+    path = upload_dir / (HF_DIRECTORY if format == "hf" else "model")
+    return ModelSource(path, format, name=Path(label).stem or None)

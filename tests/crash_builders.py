@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import os
 
-from quant.job import TargetJob
 from quant.report import TargetResult
+from quant.target_job import TargetJob
 
 
 def abort_in_drift(job: TargetJob) -> TargetResult:
-    job.stage("drift (LiteRT)", 0.45)
+    job.stage("drift", 0.45, "LiteRT")
     print("LiteRT: tensor type mismatch (a native assertion)", flush=True)
     os.abort()  # SIGABRT, as a failed C++ assertion in LiteRT does
 
 
 def raise_value_error(job: TargetJob) -> TargetResult:
-    job.stage("onnx2tf + TFLite converter", 0.05)
+    job.stage("convert", 0.05, "onnx2tf + TFLite converter")
     raise ValueError("the converter refused the model: op Foo has no int8 kernel")
 
 

@@ -354,21 +354,21 @@ _STAGE = os.environ.get("EDGE_UN_TEST_ABORT_AFTER_STAGE")
 _HOLD = os.environ.get("EDGE_UN_TEST_HOLD_WHILE")
 if _STAGE or _HOLD:
     try:
-        from service import worker as _worker
+        from service import job_process as _job_process
     except Exception:  # another interpreter (a tool's own environment): nothing to hook
-        _worker = None
-    if _worker is not None:
-        _record = _worker.Progress.__call__
+        _job_process = None
+    if _job_process is not None:
+        _record = _job_process.ProgressRecorder.__call__
 
-        def _call(self, stage, fraction):
-            _record(self, stage, fraction)
-            if _STAGE and _worker.stage_key(stage) == _STAGE:
+        def _call(self, event):
+            _record(self, event)
+            if _STAGE and event.stage == _STAGE:
                 os.abort()
             deadline = time.monotonic() + 600
             while _HOLD and os.path.exists(_HOLD) and time.monotonic() < deadline:
                 time.sleep(0.05)
 
-        _worker.Progress.__call__ = _call
+        _job_process.ProgressRecorder.__call__ = _call
 """
 
 

@@ -28,6 +28,7 @@ from edge_un.norms import UnifiedNorm
 from quant.errors import QuantError
 from quant.pipeline import convert
 from quant.report import Report
+from quant.targets import parse_targets
 from service import jobs as job_records
 from service.db import session_scope
 
@@ -110,7 +111,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def run(data: dict[str, Path], out: Path, targets: str, **kwargs) -> Report:
     kwargs = {"model": data["model"], "eval": data["eval"], **kwargs}
     report = convert(
-        targets=targets, calib=data["calib"], out_dir=out, latency_runs=3, **kwargs
+        targets=parse_targets(targets), calib=data["calib"], out_dir=out, latency_runs=3, **kwargs
     )  # fmt: skip
     # what the caller got is what was written
     assert (out / "report.json").read_text() == report.model_dump_json(indent=2) + "\n"
@@ -183,7 +184,7 @@ def test_negative_bars_are_refused_before_any_work(
     data, tmp_path: Path, kwargs: dict, message: str
 ) -> None:
     with pytest.raises(QuantError) as refused:
-        convert(data["model"], targets="cpu", out_dir=tmp_path / "out", **kwargs)
+        convert(data["model"], targets=parse_targets("cpu"), out_dir=tmp_path / "out", **kwargs)
     assert str(refused.value) == message
     assert not (tmp_path / "out").exists()
 
@@ -483,15 +484,20 @@ def one_failed(service, data) -> tuple[str, str]:
     token = server.token("one-failed")
     with server.client(token) as client:
         job_id = submit(client, data, "cpu,tda4vm")
-        wait_for(client, job_id, ("succeeded",), timeout=300)
+        wait_for(client, job_id, ("partial",), timeout=300)
     return token, job_id
 
 
-def test_a_job_with_a_failed_target_succeeds_and_its_report_says_why(service, one_failed):
+def test_a_job_with_a_failed_target_is_partial_and_says_why(service, one_failed):
+    """Some targets failed, the others were built: the job is partial (the rule convert's exit
+    code 3 follows), its error names the failed target, and its files are published."""
     server, _ = service
     token, job_id = one_failed
     with server.client(token) as client:
+        job = client.get(f"/v1/conversions/{job_id}").json()
         report = client.get(f"/v1/conversions/{job_id}/report").json()
+    assert job["state"] == "partial"
+    assert job["error"] == f"1 of 2 targets failed: tda4vm: {PAD_REASON}"
     tda4vm = report["targets"]["tda4vm"]
     assert (tda4vm["status"], tda4vm["error"]) == ("failed", PAD_REASON)
     assert report["targets"]["cpu"]["status"] in ("ok", "over_bar")

@@ -20,7 +20,7 @@ def vit_conversion(tmp_path_factory: pytest.TempPathFactory):
     result = convert(
         examples.path("vit-mnist-un"),
         tmp_path_factory.mktemp("vit"),
-        progress=lambda stage, fraction: stages.append((stage, fraction)),
+        progress=lambda event: stages.append((event.stage, event.fraction)),
     )
     return result, stages
 

@@ -27,7 +27,7 @@ from edge_un import examples
 from quant.data import InputSpec, checkpoint_samples
 from quant.pipeline import convert
 from quant.report import Report
-from quant.targets import TARGET_NAMES
+from quant.targets import TARGET_NAMES, parse_targets
 from quant.tflite import check_full_integer, inspect_tflite
 
 CALIBRATION = 128
@@ -155,8 +155,8 @@ def test_the_hf_bert_onnx_default_export_converts_for_every_target(bert: dict) -
 @pytest.mark.parametrize("export", ["pt2", "legacy"])
 def test_the_other_hf_bert_exports_convert(bert: dict, export: str) -> None:
     out = bert["dir"] / f"out_{export}"
-    report = convert(bert[export], targets="cpu,tda4vm", calib=bert["calib"], eval=bert["eval"],
-                     out_dir=out, latency_runs=5)  # fmt: skip
+    report = convert(bert[export], targets=parse_targets("cpu,tda4vm"), calib=bert["calib"],
+                     eval=bert["eval"], out_dir=out, latency_runs=5)  # fmt: skip
     for target in report.targets.values():
         assert target.status != "failed", (target.name, target.error)
         assert target.drift.agreement > 0.95

@@ -14,6 +14,7 @@ from edge_un import examples
 from quant.isolation import builder_for
 from quant.pipeline import convert
 from quant.report import Report
+from quant.targets import parse_targets
 
 
 @pytest.fixture
@@ -35,8 +36,8 @@ def run(out: Path) -> tuple[Report, list[str]]:
     """Convert for cpu and imx93; the report and the progress stages the caller saw."""
     stages: list[str] = []
     report = convert(
-        examples.path("vit-mnist-un"), targets="cpu,imx93", out_dir=out, latency_runs=5,
-        progress=lambda stage, fraction: stages.append(stage),
+        examples.path("vit-mnist-un"), targets=parse_targets("cpu,imx93"), out_dir=out,
+        latency_runs=5, progress=lambda event: stages.append(event.label),
     )  # fmt: skip
     assert (out / "report.json").read_text() == report.model_dump_json(indent=2) + "\n"
     assert report.targets["cpu"].status == "ok"  # the other target completed

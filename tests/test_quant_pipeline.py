@@ -27,7 +27,7 @@ import edge_un
 from edge_un import data as edge_data
 from edge_un import examples
 from quant.report import SCHEMA_FILE, Report, json_schema_text
-from quant.targets import TARGET_NAMES
+from quant.targets import TARGET_NAMES, parse_targets
 from quant.tflite import check_full_integer, inspect_tflite
 
 from . import norm_statistics
@@ -217,11 +217,11 @@ def test_an_onnx_model_from_elsewhere_converts_with_user_data(
     np.savez(tmp_path / "calib.npz", inputs=train.inputs)
     np.savez(tmp_path / "eval.npz", inputs=test.inputs, labels=test.labels)
     with pytest.raises(ValueError, match="records no data set: give calibration data"):
-        convert(source, targets="cpu", out_dir=tmp_path / "nodata")
+        convert(source, targets=parse_targets("cpu"), out_dir=tmp_path / "nodata")
     missing = tmp_path / "no-tflite-env"
     monkeypatch.setenv("EDGE_UN_TFLITE_ENV", str(missing))
     report = convert(
-        source, targets="cpu,imx8mp,tda4vm", calib=tmp_path / "calib.npz",
+        source, targets=parse_targets("cpu,imx8mp,tda4vm"), calib=tmp_path / "calib.npz",
         eval=tmp_path / "eval.npz", out_dir=tmp_path / "out", latency_runs=10,
     )  # fmt: skip
     assert report.model.source_format == "onnx" and report.reference.samples == 200
@@ -327,6 +327,6 @@ def test_convert_recalibrate_changes_only_the_norm_statistics(tmp_path: Path, on
         (examples.path("vit-mnist-ln"), {"allow_online": True}, "no offline norm to recalibrate"),
     ):
         with pytest.raises(QuantError, match=message):
-            convert(source, targets="cpu", out_dir=tmp_path / "refused", recalibrate_batches=2,
-                    **kwargs)  # fmt: skip
+            convert(source, targets=parse_targets("cpu"), out_dir=tmp_path / "refused",
+                    recalibrate_batches=2, **kwargs)  # fmt: skip
     assert not (tmp_path / "refused").exists()

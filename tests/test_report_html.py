@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from quant.report import Report
+from quant.targets import parse_targets
 from service.report_html import render_report_html
 
 CHROMIUM = "/usr/bin/chromium"
@@ -37,8 +38,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Report:
     torch.set_num_threads(1)
     try:
         out = tmp_path_factory.mktemp("report")
-        return convert(examples.path("vit-mnist-un"), targets="cpu,imx93", out_dir=out,
-                       latency_runs=10)  # fmt: skip
+        return convert(examples.path("vit-mnist-un"), targets=parse_targets("cpu,imx93"),
+                       out_dir=out, latency_runs=10)  # fmt: skip
     finally:
         torch.set_num_threads(threads)
 

@@ -132,8 +132,8 @@ def job_baseline_mb() -> float:
     """The address space a job process starts with: what its parent preloaded (the local
     queue's fork server and a Celery worker import the same modules), in a fresh process."""
     probe = (
-        "import service.worker, quant.pipeline\n"
-        "from service.worker import peak_address_space_mb\n"
+        "import service.job_process, quant.pipeline\n"
+        "from service.job_process import peak_address_space_mb\n"
         "print(peak_address_space_mb())\n"
     )
     result = subprocess.run(
@@ -162,7 +162,7 @@ def test_job_over_its_memory_limit_fails_with_the_reason(tmp_path, servers, serv
 
 
 def test_a_failure_counts_as_memory_by_its_words_or_near_the_limit_never_without_one() -> None:
-    from service.worker import _out_of_memory
+    from service.job_process import _out_of_memory
 
     silent = RuntimeError("could not create a primitive")  # says nothing about memory
     assert _out_of_memory(RuntimeError("Failed to allocate memory for requested buffer"), 0)
@@ -200,7 +200,7 @@ def test_job_process_that_aborts_fails_as_a_crash_not_as_memory(tmp_path, server
 def test_a_crash_counts_as_memory_only_on_evidence(tmp_path: Path) -> None:
     """SIGABRT/SIGSEGV/SIGBUS of a job process: out of memory when its peak came within 80 % of
     EDGE_UN_JOB_MEMORY_MB or its log says so, else a crash in its last recorded stage."""
-    from service.worker import exit_message
+    from service.job_process import exit_message
 
     log = tmp_path / "job-1.log"
     log.write_text("INFO loading\nFatal Python error: Aborted\n")

@@ -2,10 +2,10 @@
 
 Each case goes through ``service.intake.check_files`` (what the route runs after streaming the
 files to disk), as ``tests/test_service_uploads.py`` does for the corpus: a good archive becomes
-``model.hf/`` with only ``config.json`` and the safetensors in it; a traversal, a symbolic link,
-a pickle-only directory, a LayerNorm model, custom code or two models in one archive are 422
-with what was wrong, and nothing of theirs is extracted. The live server's run of a zipped
-directory is in ``tests/test_service_e2e.py``.
+the model's own directory with only ``config.json`` and the safetensors in it; a traversal, a
+symbolic link, a pickle-only directory, a LayerNorm model, custom code or two models in one
+archive are 422 with what was wrong, and nothing of theirs is extracted. The live server's run
+of a zipped directory is in ``tests/test_service_e2e.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import pytest
 
 from edge_un import examples
 from service import intake
-from service.uploads import UploadRejected
+from service.api.problems import status_of
+from service.errors import UploadRejected
+from service.uploads import HF_DIRECTORY
 
 UN = "hf-vit-mnist-un"
 
@@ -52,14 +54,14 @@ def check(archive: Path) -> str:
     dest.mkdir()
     (dest / "model").write_bytes(archive.read_bytes())
     form = intake.Form(labels={"model": archive.name}, sizes={"model": archive.stat().st_size})
-    return intake.check_files(form, dest)
+    return intake.check_files(form, dest).format
 
 
 def test_a_zipped_directory_becomes_the_model_directory(tmp_path: Path) -> None:
     junk = {"my-vit/tokenizer.json": b"{}", "my-vit/README.md": b"# mine", "notes.txt": b"x"}
     archive = zipped(tmp_path / "my-vit.zip", extra=junk)
     assert check(archive) == "hf"
-    stored = tmp_path / "upload" / "model.hf"
+    stored = tmp_path / "upload" / HF_DIRECTORY
     assert sorted(p.name for p in stored.iterdir()) == ["config.json", "model.safetensors"]
     assert not (tmp_path / "upload" / "model").exists()
     source = examples.path(UN) / "model.safetensors"
@@ -132,9 +134,9 @@ def test_a_bad_archive_is_refused_with_its_reason(tmp_path: Path, case: str) -> 
     archive = make(tmp_path / "model.zip")
     with pytest.raises(UploadRejected) as caught:
         check(archive)
-    assert caught.value.status == 422, caught.value.detail
+    assert status_of(caught.value) == 422, caught.value.detail
     assert fragment in caught.value.detail.lower(), caught.value.detail
-    extracted = tmp_path / "upload" / "model.hf"
+    extracted = tmp_path / "upload" / HF_DIRECTORY
     names = {p.name for p in extracted.iterdir()} if extracted.exists() else set()
     assert names <= {"config.json", "model.safetensors"}, names  # nothing else ever written
     assert not (tmp_path / "evil.safetensors").exists()

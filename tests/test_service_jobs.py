@@ -21,6 +21,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, select, text, update
 from sqlalchemy.orm import Session
 
+from converters.progress import ProgressEvent
 from service import jobs, tokens
 from service.db import Base, Job, Token, get_engine, session_scope, upgrade
 from service.db.migrate import alembic_config
@@ -64,7 +65,7 @@ def _queue(settings: Settings, count: int, token_id: int | None = None) -> list[
     with session_scope(settings) as session:
         for _ in range(count):
             job_id = jobs.new_job_id()
-            request = jobs.NewJob(token_id, "cpu", 0.5, "safetensors", "m.safetensors")
+            request = jobs.NewJob(token_id, ("cpu",), 0.5, "safetensors", "m.safetensors")
             jobs.create(session, job_id, request)
             ids.append(job_id)
     return ids
@@ -125,9 +126,9 @@ def test_a_stale_run_cannot_write(settings):
     second = _claim(settings)
     assert second == jobs.Claim(job_id, 2)
     with session_scope(settings) as session:
-        assert not jobs.progress(session, first, "load", 10)
+        assert not jobs.progress(session, first, ProgressEvent("load", 0.1))
         assert not jobs.succeed(session, first)
-        assert jobs.progress(session, second, "load", 10)
+        assert jobs.progress(session, second, ProgressEvent("load", 0.1))
         assert jobs.succeed(session, second)
         assert not jobs.fail(session, second, "too late")  # finished is final
         assert jobs.state_of(session, job_id) == ("succeeded", 2)
@@ -167,7 +168,7 @@ def test_timestamps_read_back_as_the_utc_moments_written(settings):
 def test_upload_bytes_holds_four_files_of_a_large_upload_limit(settings, size):
     """A job's upload_bytes is the sum of up to 4 files of ``max_upload_mb`` each, and that
     limit has no upper bound: 4 files of 768 MiB are 3 GiB, past a 32-bit INTEGER."""
-    new = jobs.NewJob(None, "cpu", 0.5, "safetensors", "m.safetensors", upload_bytes=size)
+    new = jobs.NewJob(None, ("cpu",), 0.5, "safetensors", "m.safetensors", upload_bytes=size)
     with session_scope(settings) as session:
         job_id = jobs.create(session, jobs.new_job_id(), new).id
     with session_scope(settings) as session:
@@ -184,7 +185,8 @@ def test_cancel_and_remove(settings):
         assert jobs.cancel(session, running)
         assert not jobs.cancel(session, queued)  # already cancelled
         assert not jobs.cancel(session, done)  # finished is final
-        assert not jobs.progress(session, running_claim, "load", 1)  # its process stops
+        # its process stops
+        assert not jobs.progress(session, running_claim, ProgressEvent("load", 0.01))
         assert jobs.remove(session, done) and jobs.remove(session, queued)
         assert jobs.state_of(session, done) is None
         assert jobs.state_of(session, running) == ("cancelled", 1)

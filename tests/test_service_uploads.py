@@ -25,16 +25,18 @@ from edge_un import examples
 from quant.errors import UnknownTargetError
 from quant.targets import parse_targets
 from service import intake
-from service.inspect import (
+from service.api.problems import status_of
+from service.errors import UploadRejected
+from service.model_checks import check_size
+from service.settings import Settings
+from service.upload_checks import (
     DEFAULT_MAX_PARAMETERS,
     implied_parameters,
     inspect_model,
     inspect_npz,
 )
-from service.inspect import inspect_config as read_config
-from service.model_checks import check_size
-from service.settings import Settings
-from service.uploads import UploadRejected, data_file_name, safe_label, save_upload
+from service.upload_checks import inspect_config as read_config
+from service.uploads import data_file_name, safe_label, save_upload
 
 from .upload_corpus import (
     CASE_NAMES,
@@ -88,7 +90,7 @@ def submit(case: UploadCase, workdir: Path) -> tuple[int, str]:
         parse_targets(case.form.get("targets"))
         intake.check_files(form, workdir)
     except UploadRejected as error:
-        return error.status, error.detail
+        return status_of(error), error.detail
     except UnknownTargetError as error:
         return 422, str(error)
     return 202, ""
@@ -144,21 +146,21 @@ def test_forged_config_is_refused_before_building(tmp_path: Path) -> None:
     limit = r"over the service limit of 200,000,000 \(EDGE_UN_MAX_PARAMETERS\)"
     with pytest.raises(UploadRejected, match=limit) as caught:
         inspect_model(examples.path(GOOD_MODEL), config)
-    assert caught.value.status == 422
+    assert status_of(caught.value) == 422
     # Before building: 1e9 float32 weights would take 4 GB. Measured in a fresh process (its
     # peak RSS is its own; this one's is an all-time peak that earlier tests set), not by
     # wall-clock time, which a loaded machine stretches and a fast one shrinks.
     child = (
         "import json, resource, sys\n"
         "from edge_un import examples\n"
-        "from service.inspect import inspect_model\n"
-        "from service.uploads import UploadRejected\n"
+        "from service.upload_checks import inspect_model\n"
+        "from service.api.problems import status_of\nfrom service.errors import UploadRejected\n"
         "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024\n"
         "before = peak()\n"
         "try:\n"
         "    inspect_model(examples.path(sys.argv[1]), json.loads(sys.argv[2]))\n"
         "except UploadRejected as error:\n"
-        "    print(error.status, peak() - before)\n"
+        "    print(status_of(error), peak() - before)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", child, GOOD_MODEL, json.dumps(config)],
@@ -186,7 +188,7 @@ def test_parameter_limit_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().max_parameters == DEFAULT_MAX_PARAMETERS == 200_000_000
     with pytest.raises(UploadRejected) as caught:
         inspect_model(examples.path(GOOD_MODEL), None, max_parameters=100_000)
-    assert caught.value.status == 422
+    assert status_of(caught.value) == 422
     assert "144,668 parameters, over the service limit of 100,000" in caught.value.detail
     assert "EDGE_UN_MAX_PARAMETERS" in caught.value.detail
     assert inspect_model(examples.path(GOOD_MODEL), None, max_parameters=144_668).parameters
@@ -336,7 +338,7 @@ def test_save_upload_streams_and_counts(tmp_path: Path) -> None:
     assert count == 300_000 and (tmp_path / "dest").read_bytes() == source.read_bytes()
     with pytest.raises(UploadRejected, match=r"limit of 0\.25 MB.*EDGE_UN_MAX_UPLOAD_MB") as big:
         asyncio.run(save_upload(_chunks(source), tmp_path / "big", 1 << 18, "model"))
-    assert big.value.status == 413 and not (tmp_path / "big").exists()
+    assert status_of(big.value) == 413 and not (tmp_path / "big").exists()
     with pytest.raises(FileExistsError):  # never overwrites (nor deletes) an existing file
         asyncio.run(save_upload(_chunks(source), tmp_path / "dest", 1 << 20, "model"))
     assert (tmp_path / "dest").exists()
@@ -359,18 +361,18 @@ def test_save_upload_removes_the_partial_file_when_the_client_goes(tmp_path: Pat
 def test_unsafe_labels_are_refused(name: str) -> None:
     with pytest.raises(UploadRejected) as caught:
         safe_label(name, "calib")
-    assert caught.value.status == 400 and "'calib'" in caught.value.detail
+    assert status_of(caught.value) == 400 and "'calib'" in caught.value.detail
 
 
 @pytest.mark.parametrize(
     "name",
     [None, "", "../model.onnx.data", "/abs/model.onnx.data", "a\\b", "..", ".", "x\x00y",
-     "\u202egnp.exe", "é" * 200, "model.onnx", "config.json", "calib"],
+     "\u202egnp.exe", "é" * 200, "model", "config", "model.hf", "calib"],
 )  # fmt: skip
 def test_unsafe_external_data_names_are_refused(name: str | None) -> None:
     with pytest.raises(UploadRejected) as caught:
         data_file_name(name, intake.DATA_FIELD, intake.STORED_NAMES)
-    assert caught.value.status == 400 and "'model_data'" in caught.value.detail
+    assert status_of(caught.value) == 400 and "'model_data'" in caught.value.detail
 
 
 def test_external_data_names_are_kept_exactly() -> None:
@@ -420,7 +422,7 @@ def test_damaged_files_only_ever_raise_upload_rejected(tmp_path: Path) -> None:
             path.write_bytes(bytes(damaged))
             with pytest.raises(UploadRejected) as error:
                 check(kind, path)
-            assert 400 <= error.value.status < 500 and error.value.detail
+            assert 400 <= status_of(error.value) < 500 and error.value.detail
             assert len(error.value.detail.splitlines()) == 1
             rejected[kind] += 1
     assert rejected == {kind: 20 for kind in sources}

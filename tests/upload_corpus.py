@@ -5,8 +5,8 @@
 repeatable ``model_data`` parts apart, in order) and form fields to send to
 ``POST /v1/conversions``, and the expected status and a fragment of the problem's ``detail``
 (lower case). ``tests/test_service_uploads.py`` runs them through ``service.uploads`` /
-``service.intake`` / ``service.inspect`` directly; the HTTP tests send the same cases to a real
-server. ``good_cases`` are uploads that must be accepted.
+``service.intake`` / ``service.upload_checks`` directly; the HTTP tests send the same cases to a
+real server. ``good_cases`` are uploads that must be accepted.
 
 Replaying over HTTP::
 
@@ -304,7 +304,7 @@ def bad_cases(workdir: Path, max_upload_bytes: int) -> list[UploadCase]:
              "contains a path separator", data_files=(("/etc/passwd", weights[1]),)),
         case("model-data-taken-name", {"model": ("model.onnx", split)}, 400,
              "one the server stores the other uploads under",
-             data_files=(("model.onnx", weights[1]),)),
+             data_files=(("calib", weights[1]),)),
         case("model-data-without-onnx", {"model": model}, 422,
              "the 'model' upload is a .safetensors checkpoint", data_files=(weights,)),
         case("oversize", {"model": ("big.safetensors", d / "oversize.bin")}, 413,

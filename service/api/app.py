@@ -11,15 +11,14 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 
-from .. import problems
 from ..db import upgrade
 from ..metrics import Metrics
 from ..queue import JobQueue, make_queue
+from ..services import Services
 from ..settings import Settings
-from ..storage import LocalArtifactStore
+from ..storage import make_store
 from ..web import routes as web
-from . import conversions, openapi, system
-from .deps import Services
+from . import conversions, openapi, problems, system
 
 log = logging.getLogger("edge_un.api")
 
@@ -29,7 +28,7 @@ def create_app(settings: Settings, queue: JobQueue | None = None) -> FastAPI:
     migrated and jobs a dead server left running are recovered) and stops with it."""
     services = Services(
         settings=settings,
-        store=LocalArtifactStore(settings.data_dir),
+        store=make_store(settings),
         queue=queue or make_queue(settings),
         metrics=Metrics(settings),
     )

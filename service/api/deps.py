@@ -9,25 +9,13 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..db import session_scope
-from ..metrics import Metrics
-from ..problems import Problem
-from ..queue import JobQueue
+from ..services import Services
 from ..settings import Settings
-from ..storage import ArtifactStore
 from ..tokens import verify_token
+from .problems import Problem
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="edge-un"'}
 HOW_TO = "create one with `edge-un token create NAME` on the server host"
-
-
-@dataclass(frozen=True)
-class Services:
-    """Everything the routes use, built once by create_app."""
-
-    settings: Settings
-    store: ArtifactStore
-    queue: JobQueue
-    metrics: Metrics
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The OpenAPI document as the API behaves: every error is application/problem+json.
 
 FastAPI documents its validation errors (422) as its own JSON shape and knows nothing of the
-problem+json handlers; this rewrites each error response of each operation to the Problem
+problem+json handlers; this rewrites each error response of each operation to the ProblemDetails
 schema, and adds the 401 every /v1 route can answer.
 """
 
@@ -12,9 +12,9 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from .schemas import Problem
+from .schemas import ProblemDetails
 
-PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
+PROBLEM_REF = {"$ref": "#/components/schemas/ProblemDetails"}
 
 
 def install(app: FastAPI) -> None:
@@ -35,7 +35,7 @@ def install(app: FastAPI) -> None:
 
 def _problem_errors(spec: dict[str, Any]) -> dict[str, Any]:
     components = spec.setdefault("components", {}).setdefault("schemas", {})
-    components["Problem"] = Problem.model_json_schema()
+    components["ProblemDetails"] = ProblemDetails.model_json_schema()
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
     for path, item in spec.get("paths", {}).items():

@@ -7,17 +7,19 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
+from converters.source import ModelFormat
+
+from ..job_states import ENDED, State, stage_label
+
 if TYPE_CHECKING:  # the records only feed JobOut.of: clients import these without a database
     from ..db import Job
-
-State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
 class Inputs(BaseModel):
     """The uploaded files by their client-side names (labels only) and the model's format."""
 
     model: str
-    model_format: Literal["safetensors", "pt", "pt2", "onnx", "hf"]
+    model_format: ModelFormat
     config: str | None
     calib: str | None
     eval: str | None
@@ -28,8 +30,14 @@ class JobOut(BaseModel):
     id: str
     state: State
     stage: str | None = Field(description="what the job is doing now (running) or did last")
+    target: str | None = Field(
+        default=None, description="the edge target that stage works for (none: the whole run)"
+    )
     percent: float = Field(ge=0, le=100)
-    error: str | None = Field(description="why it failed (one line), when failed or cancelled")
+    error: str | None = Field(
+        description="why it failed or was cancelled, or which targets failed and why when it "
+        "is partial (one line)"
+    )
     targets: list[str] = Field(description="the targets it builds (every one unless named)")
     max_drift: float
     inputs: Inputs
@@ -44,7 +52,7 @@ class JobOut(BaseModel):
     def of(cls, job: Job, base: str) -> JobOut:
         url = f"{base}/v1/conversions/{job.id}"
         links = {"self": url}
-        if job.state in ("succeeded", "failed"):
+        if job.state in ENDED:
             links |= {
                 "report": f"{url}/report",
                 "report_html": f"{url}/report.html",
@@ -54,10 +62,11 @@ class JobOut(BaseModel):
         return cls(
             id=job.id,
             state=job.state,  # type: ignore[arg-type]
-            stage=job.stage,
+            stage=stage_label(job),
+            target=job.target,
             percent=job.percent,
             error=job.error,
-            targets=[t for t in job.targets.split(",") if t],
+            targets=list(job.targets),
             max_drift=job.max_drift,
             inputs=Inputs(
                 model=job.model_label,
@@ -105,7 +114,7 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
-class Problem(BaseModel):
+class ProblemDetails(BaseModel):
     """RFC 9457 problem details: every error this API returns."""
 
     type: str = "about:blank"

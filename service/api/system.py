@@ -9,8 +9,8 @@ from sqlalchemy import text
 
 from ..db import session_scope
 from ..metrics import CONTENT_TYPE
-from ..problems import Problem
 from .deps import PrincipalDep, ServicesDep
+from .problems import Problem
 from .schemas import Health, TargetOut
 
 router = APIRouter()

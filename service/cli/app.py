@@ -1,6 +1,10 @@
 """The typer application: global options (--version, --debug), one error policy for every
 command, and ``main``.
 
+Exit codes: 0 done; 1 failed (bad input, or a conversion in which every target failed);
+3 a conversion in which some targets failed and the others were built (``Report.outcome``, the
+rule the service's job states follow too); 2 a usage error (typer's); 130 interrupted.
+
 Error policy: a command that fails on bad input (a ValueError, an OSError, a checkpoint error,
 a missing optional package...) prints ONE line on stderr, ``edge-un CMD: error: ...``, and exits
 1; anything else is a bug and prints one line too, with a hint to rerun with ``--debug``, which
@@ -23,7 +27,10 @@ import typer
 from . import output
 
 EXIT_FAILURE = 1
+EXIT_PARTIAL = 3
 EXIT_INTERRUPTED = 130
+# A conversion's outcome (quant.report.Outcome), as the exit code of convert and submit --wait.
+OUTCOME_EXIT = {"succeeded": 0, "partial": EXIT_PARTIAL, "failed": EXIT_FAILURE}
 
 # Set by the root callback, read by the error handler of the command that runs after it.
 _debug: ContextVar[bool] = ContextVar("edge_un_debug", default=False)
@@ -84,14 +91,14 @@ def _is_bad_input(error: BaseException) -> bool:
     return service_error is not None and isinstance(error, service_error)
 
 
-def one_line(error: BaseException) -> str:
-    """An exception's message on one line (pydantic and others write several)."""
-    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return "; ".join(lines) or type(error).__name__
+def exit_code(outcome: str) -> int:
+    """The exit code for a conversion that ended ``outcome`` (succeeded, partial, failed)."""
+    return OUTCOME_EXIT[outcome]
 
 
 def _fail(label: str, error: BaseException) -> int:
+    from quant.errors import one_line
+
     if _debug.get():
         traceback.print_exc()
     if _is_bad_input(error):

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from . import output
-from .app import command
+from .app import command, exit_code
 from .choices import DEFAULT_MODEL, EXAMPLES, HF_EXAMPLES, TARGETS
 from .summary import print_summary
+
+if TYPE_CHECKING:  # quant is imported by the commands that run it
+    from quant.targets import TargetProfile
 
 PANEL = "Convert"
 MODEL_HELP = (
@@ -39,7 +42,7 @@ def _source(name: str) -> Path:
     return source
 
 
-def _targets_here(spec: str | None) -> str:
+def _targets_here(spec: str | None) -> tuple[TargetProfile, ...]:
     """The targets to build. Default: every target this installation can build (the others
     are named in a note); a target asked for by name that cannot be built here is refused
     before any work, in one line."""
@@ -50,7 +53,7 @@ def _targets_here(spec: str | None) -> str:
     for reason in dict.fromkeys(missing.values()):
         skipped = ", ".join(name for name, why in missing.items() if why == reason)
         output.note(f"targets: {names} (not {skipped}: {reason}; see edge-un targets)")
-    return ",".join(p.name for p in profiles)
+    return profiles
 
 
 def _cannot_write(out_dir: Path, where: Path) -> PermissionError:
@@ -137,7 +140,8 @@ def convert(
     """Fold the norms, quantize to int8 for each edge target, measure drift and latency.
 
     Writes the artifacts, report.json and report.md to DIR (default edge-un-out/MODEL); exits
-    1 if a target failed outright (a target over the drift bar is reported, not an error).
+    1 if every target failed, 3 if some did (a target over the drift bar is reported, not a
+    failure).
     """
     model = _source(source)
     out_dir = Path(out) if out else Path("edge-un-out") / model.stem
@@ -173,8 +177,7 @@ def convert(
     if report.recalibration is not None:
         console.print(recalibration_note(report.recalibration, recalibrate))
     console.print(f"wrote {out_dir}/ (report.md, report.json, report.html and the artifacts)")
-    failed = [t.name for t in report.targets.values() if t.status == "failed"]
-    return 1 if failed else 0
+    return exit_code(report.outcome())
 
 
 @command(rich_help_panel=PANEL)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from rich import box
 from rich.console import Console
@@ -20,6 +20,9 @@ from rich.progress import (
 )
 from rich.table import Table
 from rich.text import Text
+
+from converters.progress import Progress as ProgressCallback
+from converters.progress import ProgressEvent
 
 # Piped output is read by programs and people with wide editors: never wrap it at 80 columns
 # (a wrapped file path or table row breaks `grep` and the tests). Tables keep their natural width.
@@ -98,8 +101,8 @@ def note(message: str) -> None:
 
 
 class _StageBar:
-    """Feeds a rich progress bar from ``progress(stage, fraction)`` callbacks; each stage that
-    ends is logged above the bar with its duration (a terminal only)."""
+    """Feeds a rich progress bar from a pipeline's progress events; each stage that ends is
+    logged above the bar with its duration (a terminal only)."""
 
     def __init__(self, progress: Progress, verb: str) -> None:
         self.progress = progress
@@ -108,14 +111,14 @@ class _StageBar:
         self.stage: str | None = None
         self.started = time.monotonic()
 
-    def __call__(self, stage: str, fraction: float) -> None:
+    def __call__(self, event: ProgressEvent) -> None:
         now = time.monotonic()
-        if stage != self.stage:
+        if event.label != self.stage:
             self.finish_stage(now)
-            self.stage, self.started = stage, now
-        self.progress.update(
-            self.task, description=f"{self.verb}: {stage}", completed=min(max(fraction, 0.0), 1.0)
-        )
+            self.stage, self.started = event.label, now
+        completed = min(max(event.fraction, 0.0), 1.0)
+        description = f"{self.verb}: {event.label}"
+        self.progress.update(self.task, description=description, completed=completed)
 
     def finish_stage(self, now: float) -> None:
         if self.progress.disable or self.stage in (None, "done"):
@@ -126,7 +129,7 @@ class _StageBar:
 
 
 @contextlib.contextmanager
-def stage_progress(verb: str) -> Iterator[Callable[[str, float], None]]:
+def stage_progress(verb: str) -> Iterator[ProgressCallback]:
     """A progress bar on stderr for a long pipeline. Off when stderr is not a terminal: a log
     file gets no bar redraws, only the result. Transient: on an error the bar is cleared and the
     error line is the last thing on the screen."""

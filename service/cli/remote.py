@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from converters.progress import ProgressEvent
+
 from . import output
-from .app import command
+from .app import EXIT_FAILURE, command, exit_code
 from .choices import EXAMPLES, HF_EXAMPLES, TARGETS
 from .summary import print_summary
 
@@ -92,22 +94,24 @@ def _download(client: Client, job: JobOut, out_dir: Path) -> None:
     it; a bar per file on a terminal."""
     with output.stage_progress("download") as bar:
         client.download(
-            job.id, out_dir, progress=lambda name, done, total: bar(name, done / max(total, 1))
+            job.id,
+            out_dir,
+            progress=lambda name, done, total: bar(ProgressEvent(name, done / max(total, 1))),
         )
     (out_dir / "report.html").write_text(client.report_html(job.id), encoding="utf-8")
 
 
 def _finish(client: Client, job: JobOut, out_dir: Path | None, label: str) -> int:
     """What ``submit --wait`` and ``status`` end with: the summary tables (and the files),
-    and ``convert``'s exit code: 1 if the job or a target failed."""
+    and ``convert``'s exit code for the same outcome (the job's state follows the same rule)."""
     from service.client import ServiceError
 
     report = None
-    if job.state in ("succeeded", "failed"):
+    if job.state in ("succeeded", "partial", "failed"):
         try:
             report = client.report(job.id)
         except ServiceError as error:
-            if job.state == "succeeded" or error.status != 409:  # 409: failed before a report
+            if job.state != "failed" or error.status != 409:  # 409: failed before a report
                 raise
     if report is not None:
         if out_dir is not None:
@@ -116,11 +120,12 @@ def _finish(client: Client, job: JobOut, out_dir: Path | None, label: str) -> in
         print_summary(console, report)
         if out_dir is not None:
             console.print(WROTE.format(out_dir=out_dir))
+    if job.state == "cancelled":
+        output.error_line(label, f"the conversion {_job_line(job)}")
+        return EXIT_FAILURE
     if job.state != "succeeded":
         output.error_line(label, f"the conversion {_job_line(job)}")
-        return 1
-    assert report is not None
-    return 1 if any(t.status == "failed" for t in report.targets.values()) else 0
+    return exit_code(job.state)  # type: ignore[arg-type]
 
 
 @command(rich_help_panel=PANEL)
@@ -194,7 +199,8 @@ def submit(
         try:
             with output.stage_progress("convert") as bar:
                 job = client.wait(
-                    job.id, progress=lambda j: bar(j.stage or j.state, j.percent / 100)
+                    job.id,
+                    progress=lambda j: bar(ProgressEvent(j.stage or j.state, j.percent / 100)),
                 )
         except KeyboardInterrupt:
             output.note(f"the job goes on on the server: edge-un status {job.id}, or cancel it")

@@ -13,7 +13,6 @@ from . import output
 if TYPE_CHECKING:
     from quant.report import Report
 
-REPORT_NAME = "report.json"
 DRIFT_HEADERS = ("target", "status", "top-1 fp32 -> int8", "drop", "agreement", "cosine",
                  "precision")  # fmt: skip
 LATENCY_HEADERS = ("target", "runtime", "artifact", "threads", "p50 ms", "p90 ms", "p99 ms")
@@ -124,14 +123,14 @@ def read_report(directory: Path) -> Report:
     """DIR/report.json (or the file itself), with a one-line error for anything else."""
     from pydantic import ValidationError
 
-    from quant.report import Report
+    from quant.report import REPORT_FILE, Report
 
     if not directory.exists():
         raise FileNotFoundError(f"{directory}: no such file or directory")
-    path = directory / REPORT_NAME if directory.is_dir() else directory
+    path = directory / REPORT_FILE if directory.is_dir() else directory
     if not path.is_file():
         raise FileNotFoundError(
-            f"{directory}: no {REPORT_NAME} here (give the output directory of edge-un convert)"
+            f"{directory}: no {REPORT_FILE} here (give the output directory of edge-un convert)"
         )
     try:
         return Report.model_validate_json(path.read_bytes())

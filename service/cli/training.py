@@ -223,7 +223,7 @@ def _finetune_job(
     """``migrate`` and ``finetune`` both distil a student from a frozen teacher on data."""
     _exclusive(params, "data", "npz")
     _exclusive(params, "no_labels", "labels_only")
-    from edge_un.finetune.jobs import run_job
+    from edge_un.finetune.model_runs import finetune_model
 
     _set_threads(params["threads"])
     command_name = "migrate" if purpose == "migrate" else "finetune"
@@ -237,7 +237,7 @@ def _finetune_job(
     if params["labels_only"]:
         overrides["distill"] = False
     console = output.stdout()
-    path, metadata = run_job(
+    path, metadata = finetune_model(
         purpose,
         checkpoint,
         out,

@@ -18,7 +18,8 @@ the connection failed before the server could have read it, so a retry never mak
 
 from __future__ import annotations
 
-from .client import FINISHED, Client
+from ..job_states import FINISHED
+from .client import Client
 from .errors import ServiceError
 from .files import sha256_file, zip_hf_directory
 

@@ -14,13 +14,13 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from ..api.schemas import ArtifactOut, JobOut, JobPage, TargetOut
+from ..job_states import FINISHED
 from .errors import ServiceError, problem_error, reason
 from .files import inside, range_start, sha256_file, zip_hf_directory
 
 if TYPE_CHECKING:
     from quant.report import Report
 
-FINISHED = ("succeeded", "failed", "cancelled")
 RETRY_STATUSES = frozenset({503})
 # Reads wait longer than connects: an upload's answer comes after the server checked the files.
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, read=600.0)
@@ -179,8 +179,9 @@ class Client:
         interval_s: float = 1.0,
         timeout_s: float | None = None,
     ) -> JobOut:
-        """Poll until the job succeeded, failed or was cancelled; ``progress(job)`` after each
-        poll (its ``stage`` and ``percent``). Returns the finished job, whatever its state."""
+        """Poll until the job finished (succeeded, partial, failed or cancelled);
+        ``progress(job)`` after each poll (its ``stage`` and ``percent``). Returns the finished
+        job, whatever its state."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             job = self.job(job_id)

@@ -8,7 +8,8 @@ from pathlib import Path, PurePosixPath
 
 import httpx
 
-from ..storage import sha256_file
+from quant.digest import sha256_file
+
 from .errors import ServiceError
 
 __all__ = ["inside", "range_start", "sha256_file", "zip_hf_directory"]

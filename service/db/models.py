@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     DateTime,
     Float,
@@ -73,13 +74,18 @@ class Job(Base):
         ForeignKey("tokens.id", ondelete="SET NULL"), nullable=True
     )
     state: Mapped[str] = mapped_column(String(16), default="queued")
+    # Progress as the pipeline reports it (converters.ProgressEvent): the stage's name, the
+    # edge target it works for (None: the whole run) and its detail ("8 tensors to int16").
     stage: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    target: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    stage_detail: Mapped[str | None] = mapped_column(String(200), nullable=True)
     percent: Mapped[float] = mapped_column(Float, default=0.0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # What was asked: the targets as given ("" = all), the drift bar, the uploaded files.
-    targets: Mapped[str] = mapped_column(String(200), default="")
+    # What was asked: the targets by name, the drift bar, the uploaded files (the model's format
+    # is what the upload checks found in its content).
+    targets: Mapped[list[str]] = mapped_column(JSON, default=list)
     max_drift: Mapped[float] = mapped_column(Float)
     model_format: Mapped[str] = mapped_column(String(16))
     model_label: Mapped[str] = mapped_column(String(255))

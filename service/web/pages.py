@@ -12,13 +12,18 @@ from collections.abc import Sequence
 from urllib.parse import quote
 
 from ..api.schemas import ArtifactOut, JobOut
+from ..job_states import ACTIVE
 from ..report_html import CSP, CSS
 from ..report_html import escape as e
 from .session import CSRF_FIELD, PREFIX
 
 REFRESH_S = 2
-ACTIVE = ("queued", "running")
-STATE_CLASS = {"succeeded": "status-ok", "failed": "status-failed", "cancelled": "muted"}
+STATE_CLASS = {
+    "succeeded": "status-ok",
+    "partial": "status-over_bar",
+    "failed": "status-failed",
+    "cancelled": "muted",
+}
 UI_CSS = """
 header{background:#1d2330;color:#fff}header nav{max-width:1100px;margin:0 auto;padding:10px 24px;
 display:flex;gap:18px;align-items:center}header a{color:#fff}header .who{margin-left:auto}

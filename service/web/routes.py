@@ -18,14 +18,15 @@ import anyio
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from .. import intake, jobs
+from .. import intake, job_actions, jobs
 from ..api import conversions
 from ..api.deps import Principal, services
+from ..api.problems import Problem, status_of
 from ..api.schemas import JobOut
 from ..db import session_scope
-from ..problems import Problem
+from ..errors import Refused
+from ..job_states import ACTIVE
 from ..report_html import CSP
-from ..uploads import UploadRejected
 from . import pages
 from .session import (
     CSRF_FIELD,
@@ -64,11 +65,12 @@ def _redirect(path: str) -> RedirectResponse:
 
 
 def _message(
-    request: Request, problem: Problem | UploadRejected, who: Principal | None
+    request: Request, problem: Problem | Refused, who: Principal | None
 ) -> Response:
-    title = "Not found" if problem.status == 404 else problem.title
+    status = status_of(problem)
+    title = "Not found" if status == 404 else problem.title
     text = pages.message_page(title, problem.detail, csrf_token(request), who is not None)
-    return _html(request, text, problem.status)
+    return _html(request, text, status)
 
 
 async def _small_form(request: Request) -> dict[str, str]:
@@ -172,20 +174,17 @@ async def upload(request: Request) -> Response:
     service = services(request)
     try:
         check_form(request, request.query_params.get(CSRF_FIELD))
-        job = await intake.accept(
+        job = await intake.submit(
+            service,
             request.stream(),
             request.headers.get("content-type"),
             request.headers.get("content-length"),
             who.token_id,
-            service.settings,
-            service.store,
-            service.metrics,
             browser=True,
         )
-        await anyio.to_thread.run_sync(service.queue.submit, job.id)
-    except (Problem, UploadRejected) as problem:
+    except (Problem, Refused) as problem:
         page = pages.upload_page(_targets(), csrf_token(request), problem.detail)
-        return _html(request, page, problem.status)
+        return _html(request, page, status_of(problem))
     return _redirect(f"{PREFIX}/jobs/{job.id}")
 
 
@@ -203,9 +202,9 @@ def job_view(job_id: str, request: Request) -> Response:
     try:
         job = conversions.get_conversion(job_id, request, service, who)
         files = []
-        if job.state not in pages.ACTIVE and service.store.list(job.id) is not None:
+        if job.state not in ACTIVE and service.store.list(job.id) is not None:
             files = conversions.list_artifacts(job_id, request, service, who)
-    except Problem as problem:
+    except (Problem, Refused) as problem:
         return _message(request, problem, who)
     return _html(request, pages.job_page(job, files, csrf_token(request)))
 
@@ -220,7 +219,7 @@ async def _no_store(
         return _redirect(f"{PREFIX}/signin")
     try:
         response = await answer(who)
-    except Problem as problem:
+    except (Problem, Refused) as problem:
         return _message(request, problem, who)
     response.headers.update(HEADERS)
     return response
@@ -241,7 +240,7 @@ def artifact(job_id: str, name: str, request: Request) -> Response:
         return who
     try:
         response = conversions.get_artifact(job_id, name, request, services(request), who)
-    except Problem as problem:
+    except (Problem, Refused) as problem:
         return _message(request, problem, who)
     response.headers.update(HEADERS)  # no-store, not the API's "immutable for a year"
     return response
@@ -269,10 +268,7 @@ async def job_action(job_id: str, action: str, request: Request) -> Response:
             return _redirect(f"{PREFIX}/jobs/{job_id}")
         if action != "delete":
             raise Problem(404, f"there is no action {action[:40]!r} on a job")
-        job = await _in_thread(conversions.get_conversion, job_id, request, service, who)
-        if job.state in pages.ACTIVE:
-            raise Problem(409, f"the conversion is {job.state}; cancel it first")
-        await _in_thread(conversions.delete_conversion, job_id, request, service, who)
-    except Problem as problem:
+        await _in_thread(job_actions.delete_finished, service, who.token_id, job_id)
+    except (Problem, Refused) as problem:
         return _message(request, problem, who)
     return _redirect(f"{PREFIX}/")

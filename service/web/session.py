@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 from fastapi import Request, Response
 
 from ..api.deps import Principal, services
+from ..api.problems import Problem
 from ..db import session_scope
-from ..problems import Problem
 from ..tokens import verify_token
 
 PREFIX = "/ui"

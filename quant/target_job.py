@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from .data import Samples
 from .targets import TargetProfile
+
+
+class StageCallback(Protocol):
+    """How a builder reports a stage of its target: ``stage("fallback", 0.4, "8 tensors to
+    int16")``; the fraction is of the target's own build."""
+
+    def __call__(self, name: str, fraction: float, detail: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -24,7 +31,7 @@ class Bars:
 class TargetJob:
     """Build ``profile``'s artifacts from the folded fp32 ONNX file into ``target_dir``, naming
     them relative to ``out_dir``, measured against ``reference`` (the fp32 outputs on
-    ``evaluation``); ``stage(name, fraction)`` reports progress within the target."""
+    ``evaluation``); ``stage`` reports progress within the target."""
 
     profile: TargetProfile
     fp32_path: Path
@@ -34,6 +41,6 @@ class TargetJob:
     evaluation: Samples
     reference: np.ndarray
     bars: Bars
-    stage: Callable[[str, float], None]
+    stage: StageCallback
     latency_runs: int
     shared_dir: Path | None = None

@@ -16,7 +16,7 @@ from typing import Any
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from ..problems import Problem
+from .errors import Refusal, UploadRejected, malformed
 
 MAX_PARTS = 16
 
@@ -32,14 +32,15 @@ def boundary_of(content_type: str | None) -> bytes:
     """The multipart boundary, or a 415/400 problem saying what to send."""
     kind, options = parse_options_header(content_type or "")
     if kind != b"multipart/form-data":
-        raise Problem(
-            415,
+        raise UploadRejected(
+            Refusal.NOT_A_FORM,
+            "Unsupported media type",
             f"this route takes multipart/form-data, not {content_type or 'an empty body type'!r}; "
             "send the files as form fields (curl -F model=@model.safetensors ...)",
         )
     boundary = options.get(b"boundary")
     if not boundary or len(boundary) > 200:
-        raise Problem(400, "the multipart/form-data Content-Type has no usable boundary")
+        raise malformed("the multipart/form-data Content-Type has no usable boundary")
     return boundary
 
 
@@ -84,8 +85,7 @@ class MultipartReader:
     async def _next_event(self) -> tuple[str, Any]:
         while not self._events:
             if self._ended:
-                raise Problem(
-                    400,
+                raise malformed(
                     "the multipart body ended before its closing boundary; "
                     "send a complete multipart/form-data body",
                 )
@@ -98,8 +98,7 @@ class MultipartReader:
                 try:
                     self._parser.write(chunk)
                 except MultipartParseError as error:
-                    raise Problem(
-                        400,
+                    raise malformed(
                         f"the multipart body is malformed ({error}); send a "
                         "valid multipart/form-data body",
                     ) from None
@@ -121,8 +120,7 @@ class MultipartReader:
                 kind, headers = await self._next_event()
             count += 1
             if count > MAX_PARTS:
-                raise Problem(
-                    400,
+                raise malformed(
                     f"the form has more than {MAX_PARTS} parts; send only the documented fields",
                 )
             self._in_part = True
@@ -134,8 +132,8 @@ class MultipartReader:
         kind, options = parse_options_header(disposition)
         name = options.get(b"name")
         if kind != b"form-data" or name is None:
-            raise Problem(
-                400, "a multipart part has no Content-Disposition: form-data name; name every part"
+            raise malformed(
+                "a multipart part has no Content-Disposition: form-data name; name every part"
             )
         filename = options.get(b"filename")
         content_type = headers.get(b"content-type")
@@ -160,8 +158,8 @@ class MultipartReader:
         async for chunk in self.data():
             value += chunk
             if len(value) > limit:
-                raise Problem(400, f"the form field {field!r} is longer than {limit} bytes")
+                raise malformed(f"the form field {field!r} is longer than {limit} bytes")
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError:
-            raise Problem(400, f"the form field {field!r} is not UTF-8 text") from None
+            raise malformed(f"the form field {field!r} is not UTF-8 text") from None

@@ -1,6 +1,7 @@
 """Errors as RFC 9457 problem details (application/problem+json), for every client error.
 
-Handlers cover this service's own ``Problem``, the upload checks' ``UploadRejected``, FastAPI's
+Handlers cover the routes' own ``Problem``, the service's ``Refused`` (upload checks, job
+actions: the one place their kind becomes a status code), FastAPI's
 request validation (422), Starlette's unknown routes (404) and wrong methods (405), and, as a
 last resort, any unexpected exception (a 500 that says so and is logged, never a traceback).
 Each ``detail`` says what was wrong and what to do.
@@ -18,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from .uploads import UploadRejected
+from ..errors import Refusal, Refused
 
 log = logging.getLogger("edge_un.api")
 MEDIA_TYPE = "application/problem+json"
@@ -35,6 +36,15 @@ TITLES = {
     422: "Unprocessable content",
     500: "Internal server error",
     503: "Service unavailable",
+}
+# The status of each kind of refusal.
+REFUSAL_STATUS = {
+    Refusal.MALFORMED: 400,
+    Refusal.NOT_A_FORM: 415,
+    Refusal.TOO_LARGE: 413,
+    Refusal.UNUSABLE: 422,
+    Refusal.NOT_FOUND: 404,
+    Refusal.CONFLICT: 409,
 }
 
 
@@ -55,6 +65,11 @@ class Problem(Exception):
         self.title = title or TITLES.get(status, "Error")
         self.headers = dict(headers or {})
         self.extensions = extensions
+
+
+def status_of(error: Problem | Refused) -> int:
+    """The HTTP status of a route's problem or of the service's refusal."""
+    return error.status if isinstance(error, Problem) else REFUSAL_STATUS[error.kind]
 
 
 def problem_response(
@@ -134,9 +149,11 @@ def install(app: FastAPI) -> None:
             **error.extensions,
         )
 
-    @app.exception_handler(UploadRejected)
-    async def _rejected(request: Request, error: UploadRejected) -> JSONResponse:
-        return problem_response(error.status, error.detail, error.title, instance=request.url.path)
+    @app.exception_handler(Refused)
+    async def _refused(request: Request, error: Refused) -> JSONResponse:
+        return problem_response(
+            status_of(error), error.detail, error.title, instance=request.url.path
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -16,7 +16,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from quant.errors import one_line
+
 from . import sniff
+from .errors import Refusal
 from .model_checks import (
     ModelUpload,
     check_checkpoint,
@@ -24,7 +27,6 @@ from .model_checks import (
     check_program,
     check_size,
     implied_parameters,
-    one_line,
     read_onnx,
     reject,
 )
@@ -56,7 +58,11 @@ def inspect_config(path: Path) -> dict:
     """The uploaded config: a JSON object (at most 1 MB) naming an architecture."""
     size = path.stat().st_size
     if size == 0:
-        raise reject("Empty upload", "the 'config' upload is empty; send the JSON config", 400)
+        raise reject(
+            "Empty upload",
+            "the 'config' upload is empty; send the JSON config",
+            Refusal.MALFORMED,
+        )
     if size > MAX_CONFIG_BYTES:
         raise reject(
             "Config too large",
@@ -105,7 +111,9 @@ def inspect_model(
     stored beside ``path``; ``max_parameters``: the service's limit (EDGE_UN_MAX_PARAMETERS)."""
     kind = sniff.sniff(path)
     if kind == "empty":
-        raise reject("Empty upload", "the 'model' upload is empty; send the model file", 400)
+        raise reject(
+            "Empty upload", "the 'model' upload is empty; send the model file", Refusal.MALFORMED
+        )
     if kind == "safetensors":
         _no_external(external, "a .safetensors checkpoint")
         header = sniff.read_safetensors_header(path)
@@ -206,7 +214,7 @@ def inspect_npz(
     kind = sniff.sniff(path)
     redo = "write one with numpy.savez(path, <input name>=..., labels=...)"
     if kind == "empty":
-        raise reject("Empty upload", f"the {field!r} upload is empty; {redo}", 400)
+        raise reject("Empty upload", f"the {field!r} upload is empty; {redo}", Refusal.MALFORMED)
     if kind == "pickle":
         raise reject(
             "Pickled data refused",

@@ -1,11 +1,14 @@
-"""The job process: one conversion, in its own process, started by the queue.
+"""The job process: one conversion, in its own process, and what both queue modes share around
+it.
 
-The queue forks it from its fork server (``child_main``; settings from the EDGE_UN_*
-variables it is handed). It dies with its parent (PR_SET_PDEATHSIG), caps its own address
-space (EDGE_UN_JOB_MEMORY_MB), runs ``quant.pipeline.convert`` into a staging directory, writes
-its progress to the database at most every ``progress_interval_s`` (and at each new stage),
-then publishes the artifacts and records the outcome. Every write is conditional on the job
-still running this attempt, so a cancelled or superseded run changes nothing.
+Either queue forks it (the local queue from its fork server, ``child_main``; a Celery pool
+process itself) and it starts the same way (:func:`enter`): it dies with its parent
+(PR_SET_PDEATHSIG), writes its output to the job's log, caps its own address space
+(EDGE_UN_JOB_MEMORY_MB), runs ``quant.pipeline.convert`` into a staging directory, records its
+progress in the database as the pipeline's events come (at most every
+``progress_interval_s``, and at each new stage), then publishes the artifacts and records the
+outcome (``Report.outcome``: succeeded, partial or failed). Every write is conditional on the
+job still running this attempt, so a cancelled or superseded run changes nothing.
 
 A job process that dies of a signal records nothing; whoever started it (the local queue, or a
 Celery pool process) names the reason with :func:`exit_message`, from the evidence it has: the
@@ -29,13 +32,24 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from converters.progress import ProgressEvent
+from quant.errors import one_line
+from quant.isolation import signal_name
+
 from . import jobs
 from .db import Job, session_scope
+from .job_states import FINISHED
 from .jobs import Claim
 from .settings import Settings, get_settings
-from .storage import LocalArtifactStore
+from .storage import ArtifactStore, make_store
+from .uploads import stored_model
 
-log = logging.getLogger("edge_un.worker")
+log = logging.getLogger("edge_un.job_process")
+# Imported once by whoever forks job processes (the local queue's fork server, a Celery
+# worker): each job process is a fork of it, so a job starts in milliseconds instead of
+# re-importing torch, ONNX and the pipeline (seconds each time).
+PRELOAD = ("service.job_process", "quant.pipeline")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 PR_SET_PDEATHSIG = 1
 # Signals of a crash in native code. RLIMIT_AS makes an allocation fail, which some libraries
 # answer with abort() (C++'s uncaught std::bad_alloc) or a fault; so can any native bug.
@@ -69,58 +83,73 @@ def limit_memory(megabytes: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-class Progress:
-    """``progress(stage, fraction)`` for the pipeline: throttled writes, stage durations."""
+def limit_threads(settings: Settings) -> None:
+    """EDGE_UN_JOB_THREADS for the math libraries: set before torch loads (the preload), as
+    OpenMP reads it once."""
+    if settings.job_threads:
+        for name in THREAD_VARIABLES:
+            os.environ.setdefault(name, str(settings.job_threads))
+
+
+def timeout_message(settings: Settings) -> str:
+    return (
+        f"the conversion timed out after {settings.job_timeout_s:g} s (EDGE_UN_JOB_TIMEOUT_S) "
+        "and was stopped"
+    )
+
+
+def clean_leftovers(settings: Settings, store: ArtifactStore, job_id: str) -> None:
+    """A finished (or cancelled) job's leftovers: what its runs staged, and its uploads. A job
+    still queued or running keeps them."""
+    with session_scope(settings) as session:
+        state = jobs.state_of(session, job_id)
+    if state is None or state[0] in FINISHED:
+        attempts = state[1] if state else 0
+        for attempt in range(1, attempts + 1):
+            store.discard_run(job_id, attempt)
+        store.delete_uploads(job_id)
+
+
+class ProgressRecorder:
+    """The pipeline's ``progress``: its events into the job's record (throttled), and how long
+    each stage took (for the stage-duration metrics)."""
 
     def __init__(self, settings: Settings, claim: Claim) -> None:
         self.settings = settings
         self.claim = claim
         self.interval = settings.progress_interval_s
-        self.stage: str | None = None
-        self.stage_key: str | None = None
-        self.stage_started = time.monotonic()
+        self.last_label: str | None = None
         self.last_write = 0.0
+        self.stage: str | None = None
+        self.stage_started = time.monotonic()
         self.durations: list[tuple[str, float]] = []
 
-    def __call__(self, stage: str, fraction: float) -> None:
+    def __call__(self, event: ProgressEvent) -> None:
         now = time.monotonic()
-        key = stage_key(stage)
-        if key != self.stage_key:
-            if self.stage_key is not None:
-                self.durations.append((self.stage_key, now - self.stage_started))
-            self.stage_key, self.stage_started = key, now
-        if stage != self.stage or now - self.last_write >= self.interval:
-            self.stage, self.last_write = stage, now
+        if event.stage != self.stage:
+            if self.stage is not None:
+                self.durations.append((self.stage, now - self.stage_started))
+            self.stage, self.stage_started = event.stage, now
+        if event.label != self.last_label or now - self.last_write >= self.interval:
+            self.last_label, self.last_write = event.label, now
             # False when cancelled meanwhile: nothing to do, the queue kills this process
             with session_scope(self.settings) as session:
-                jobs.progress(session, self.claim, stage, 100 * fraction)
+                jobs.progress(session, self.claim, event)
 
     def finish(self) -> list[tuple[str, float]]:
-        if self.stage_key not in (None, "done"):  # "done" is the end marker, not a stage
-            self.durations.append((self.stage_key, time.monotonic() - self.stage_started))
-            self.stage_key = None
+        if self.stage not in (None, "done"):  # "done" is the end marker, not a stage
+            self.durations.append((self.stage, time.monotonic() - self.stage_started))
+            self.stage = None
         return self.durations
-
-
-def stage_key(stage: str) -> str:
-    """A stage name without its details, for metrics: "cpu: fallback: 8 tensors" -> "fallback"."""
-    from quant.targets import TARGET_NAMES
-
-    head, _, rest = stage.partition(": ")
-    name = rest if rest and head in TARGET_NAMES else stage
-    return name.split(":")[0].split("(")[0].strip()[:64] or "unknown"
-
-
-def one_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
 
 
 def run(settings: Settings, job_id: str, attempt: int) -> int:
     from quant.errors import QuantError
+    from quant.report import REPORT_FILE
+    from quant.targets import get_profile
 
     claim = jobs.Claim(job_id, attempt)
-    store = LocalArtifactStore(settings.data_dir)
+    store = make_store(settings)
     with session_scope(settings) as session:
         row = session.scalar(select(Job).where(Job.id == job_id))
     if row is None or (row.state, row.attempts) != ("running", attempt):
@@ -128,27 +157,26 @@ def run(settings: Settings, job_id: str, attempt: int) -> int:
         return 0
     uploads = store.upload_dir(job_id)
     staging = store.staging_dir(job_id, attempt)
-    progress = Progress(settings, claim)
+    progress = ProgressRecorder(settings, claim)
     error: str | None = None
+    failures: str | None = None
     try:
         from quant.pipeline import convert  # heavy (torch, onnx): inside the memory limit's try
 
         report = convert(
-            uploads / f"model.{row.model_format}",
-            targets=row.targets or None,
-            calib=uploads / "calib.npz" if row.calib_label else None,
-            eval=uploads / "eval.npz" if row.eval_label else None,
+            stored_model(uploads, row.model_format, row.model_label),  # type: ignore[arg-type]
+            targets=[get_profile(name) for name in row.targets],
+            calib=uploads / "calib" if row.calib_label else None,
+            eval=uploads / "eval" if row.eval_label else None,
             out_dir=staging,
             max_drift=row.max_drift,
             progress=progress,
-            config=uploads / "config.json" if row.config_label else None,
+            config=uploads / "config" if row.config_label else None,
             latency_runs=settings.latency_runs,
-            # the user's file name, as `convert` names a model (uploads are stored as model.*)
-            model_name=Path(row.model_label).stem or None,
         )
-        failed = [t for t in report.targets.values() if t.status == "failed"]
-        if failed and len(failed) == len(report.targets):
-            error = "every target failed: " + "; ".join(f"{t.name}: {t.error}" for t in failed)
+        failures = report.failures()
+        if report.outcome() == "failed":
+            error = failures
     except (MemoryError, ImportError) as caught:  # an import that cannot map its libraries
         if isinstance(caught, ImportError) and not _out_of_memory(caught, settings.job_memory_mb):
             raise
@@ -163,7 +191,7 @@ def run(settings: Settings, job_id: str, attempt: int) -> int:
             error = f"internal error during the conversion ({type(caught).__name__}: "
             error += f"{one_line(caught)}); the server's job log has the details"
     durations = progress.finish()
-    if error is not None and not (staging / "report.json").exists():
+    if error is not None and not (staging / REPORT_FILE).exists():
         store.discard_run(job_id, attempt)
         with session_scope(settings) as session:
             if jobs.fail(session, claim, error):
@@ -172,7 +200,10 @@ def run(settings: Settings, job_id: str, attempt: int) -> int:
         return 1
     store.commit(job_id, staging)
     with session_scope(settings) as session:
-        done = jobs.fail(session, claim, error) if error else jobs.succeed(session, claim)
+        if error is not None:
+            done = jobs.fail(session, claim, error)
+        else:
+            done = jobs.succeed(session, claim, failures)
         if done:
             jobs.record_stages(session, job_id, durations)
     if not done:  # cancelled (or superseded) while it ran: publish nothing
@@ -229,13 +260,6 @@ def log_tail(path: Path, size: int = LOG_TAIL_BYTES) -> str:
     return ""
 
 
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 def exit_message(
     code: int, *, stage: str | None, peak_mb: float, log_path: Path, limit_mb: int
 ) -> str:
@@ -284,18 +308,25 @@ def jobs_state(settings: Settings, job_id: str) -> tuple[str, int] | None:
         return jobs.state_of(session, job_id)
 
 
-def child_main(job_id: str, attempt: int, environ: dict[str, str], log_path: str) -> None:
-    """The job process as the local queue starts it: a fork of the (preloaded) fork server."""
-    parent = os.getppid()
-    _release_fork_server()
-    os.setsid()  # its own process group: a timeout or cancel kills all it started
+def enter(settings: Settings, claim: Claim, log_path: Path, parent: int) -> int:
+    """The job process's start in both queue modes, once forked from ``parent``: die with it,
+    write everything to the job's log, then :func:`run_job_process`."""
     die_with_parent(parent)
     descriptor = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     for stream in (1, 2):
         os.dup2(descriptor, stream)
     os.close(descriptor)
+    return run_job_process(settings, claim.job_id, claim.attempt)
+
+
+def child_main(job_id: str, attempt: int, environ: dict[str, str], log_path: str) -> None:
+    """The job process as the local queue starts it: a fork of the (preloaded) fork server,
+    handed its settings as EDGE_UN_* variables."""
+    parent = os.getppid()
+    _release_fork_server()
+    os.setsid()  # its own process group: a timeout or cancel kills all it started
     os.environ.update(environ)
-    sys.exit(_start(job_id, attempt))
+    sys.exit(enter(get_settings(), Claim(job_id, attempt), Path(log_path), parent))
 
 
 def _release_fork_server() -> None:
@@ -310,10 +341,6 @@ def _release_fork_server() -> None:
         with contextlib.suppress(OSError):
             os.close(alive)
         server._forkserver_alive_fd = None  # type: ignore[union-attr]
-
-
-def _start(job_id: str, attempt: int) -> int:
-    return run_job_process(get_settings(), job_id, attempt)
 
 
 def run_job_process(settings: Settings, job_id: str, attempt: int) -> int:

@@ -1,4 +1,4 @@
-"""Model in, model out: the whole migrate / int8-ready job behind the CLI verbs.
+"""Model in, model out: a whole migrate / int8-ready run behind the CLI verbs.
 
 The model is an edge_un ``.safetensors`` checkpoint or a Hugging Face ``save_pretrained``
 directory, and is written back in the same form. Data comes from the model's own record (its
@@ -168,7 +168,7 @@ def check_out(source: Path, out: Path, model: nn.Module) -> None:
         )
 
 
-def run_job(
+def finetune_model(
     purpose: str,
     checkpoint: str | Path,
     out: str | Path,

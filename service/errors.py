@@ -1,0 +1,39 @@
+"""The service's refusals: what a request asked that the service will not do, and why.
+
+Domain code (the upload checks, the job actions) raises these with a ``Refusal`` kind, a short
+title and a detail that says what was wrong and what to do; only the HTTP layer
+(``service.api.problems``) turns a kind into a status code and a problem+json body.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Refusal(Enum):
+    MALFORMED = "malformed"  # the request itself is broken: a bad form, name or field
+    NOT_A_FORM = "not a form"  # an upload's body is not multipart/form-data
+    TOO_LARGE = "too large"  # over a size limit
+    UNUSABLE = "unusable"  # a well-formed request whose content cannot be converted
+    NOT_FOUND = "not found"  # no such job for this caller
+    CONFLICT = "conflict"  # the job is not in a state that allows it
+
+
+class Refused(Exception):
+    def __init__(self, kind: Refusal, title: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.title = title
+        self.detail = detail
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.kind.name}, {self.title!r}, {self.detail!r})"
+
+
+class UploadRejected(Refused):
+    """A refused upload: the one error the upload checks raise; nothing is kept of it."""
+
+
+def malformed(detail: str) -> UploadRejected:
+    """A broken upload request: its form, a field or a file name."""
+    return UploadRejected(Refusal.MALFORMED, "Bad request", detail)

@@ -1,0 +1,148 @@
+"""What a caller may do to a conversion job, over HTTP or from the web page: find it, read
+what it published, cancel it, delete it. Plain functions; refusals are
+:class:`~service.errors.Refused` (``service.api`` maps them to HTTP).
+
+Each takes the process's :class:`~service.services.Services` and the caller's token. A caller
+only ever sees its own jobs: another token's job is "not found", exactly like a job
+that does not exist.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quant.report import REPORT_FILE
+
+from . import jobs
+from .db import Job, session_scope
+from .errors import Refusal, Refused
+from .job_states import ACTIVE, stage_label
+from .services import Services
+from .storage import ArtifactInfo
+
+
+def find(services: Services, token_id: int | None, job_id: str) -> Job:
+    with session_scope(services.settings) as session:
+        job = jobs.get(session, job_id, token_id)
+    if job is None:
+        raise Refused(
+            Refusal.NOT_FOUND,
+            "Not found",
+            f"no conversion {job_id[:40]!r} for this token; GET /v1/conversions lists yours",
+        )
+    return job
+
+
+def finished_with_files(
+    services: Services, token_id: int | None, job_id: str
+) -> tuple[Job, list[ArtifactInfo]]:
+    """The job and its published files; refused while it runs, or if it published none."""
+    job = find(services, token_id, job_id)
+    if job.state in ACTIVE:
+        raise Refused(
+            Refusal.CONFLICT,
+            "Not finished",
+            f"the conversion is {job.state} ({stage_label(job) or 'waiting'}, "
+            f"{job.percent:g} %); poll it until its state is succeeded",
+        )
+    files = services.store.list(job.id)
+    if files is None:
+        reason = f": {job.error}" if job.error else ""
+        raise Refused(
+            Refusal.CONFLICT,
+            "No artifacts",
+            f"the conversion {job.state}{reason}; it has no report or artifacts",
+        )
+    return job, files
+
+
+def artifact(
+    services: Services, token_id: int | None, job_id: str, name: str
+) -> tuple[ArtifactInfo, Path]:
+    """One published file of a finished job: its record and where it is."""
+    job, files = finished_with_files(services, token_id, job_id)
+    info = next((a for a in files if a.name == name), None)
+    path = services.store.path(job.id, name)
+    if info is None or path is None:
+        raise Refused(
+            Refusal.NOT_FOUND,
+            "Not found",
+            f"the conversion has no artifact {name[:80]!r}; GET "
+            f"/v1/conversions/{job.id}/artifacts lists them",
+        )
+    return info, path
+
+
+def report_path(services: Services, token_id: int | None, job_id: str) -> Path:
+    job, _ = finished_with_files(services, token_id, job_id)
+    path = services.store.path(job.id, REPORT_FILE)
+    if path is None:
+        raise Refused(Refusal.CONFLICT, "No report", "the conversion wrote no report")
+    return path
+
+
+def bundle(services: Services, token_id: int | None, job_id: str) -> Path:
+    """Every file of a finished job in one new zip, which the caller removes once sent."""
+    job, _ = finished_with_files(services, token_id, job_id)
+    path = services.store.bundle(job.id)
+    if path is None:
+        gone = "the conversion's artifacts are gone (deleted meanwhile)"
+        raise Refused(Refusal.CONFLICT, "No artifacts", gone)
+    return path
+
+
+def cancel(services: Services, token_id: int | None, job_id: str) -> Job:
+    """Cancel a queued or running job: the cancelled job. A job that already finished (also
+    one that finished a moment ago, after the caller last looked) is refused and stays as it
+    is: a cancel never deletes anything."""
+    job = find(services, token_id, job_id)
+    cancelled = _cancel_if_active(services, job, token_id)
+    if cancelled is None:
+        state = find(services, token_id, job_id).state
+        raise Refused(
+            Refusal.CONFLICT,
+            "Already finished",
+            f"the conversion {job.id} already {state}: nothing to cancel",
+        )
+    return cancelled
+
+
+def cancel_or_delete(services: Services, token_id: int | None, job_id: str) -> Job | None:
+    """Cancel a queued or running job (the cancelled job); delete a finished one, its record
+    and its files (None)."""
+    job = find(services, token_id, job_id)
+    cancelled = _cancel_if_active(services, job, token_id)
+    if cancelled is not None:
+        return cancelled
+    _delete(services, job)
+    return None
+
+
+def delete_finished(services: Services, token_id: int | None, job_id: str) -> None:
+    """Delete a finished job, its record and its files; one still queued or running is
+    refused (cancel it first: a delete never stops a run)."""
+    job = find(services, token_id, job_id)
+    if job.state in ACTIVE:
+        raise Refused(
+            Refusal.CONFLICT, "Not finished", f"the conversion is {job.state}; cancel it first"
+        )
+    _delete(services, job)
+
+
+def _delete(services: Services, job: Job) -> None:
+    with session_scope(services.settings) as session:
+        jobs.remove(session, job.id)
+    services.store.delete(job.id)
+
+
+def _cancel_if_active(services: Services, job: Job, token_id: int | None) -> Job | None:
+    """Cancel ``job`` if it is still queued or running (one conditional update, so a job that
+    finishes meanwhile is not cancelled): the cancelled job, else None."""
+    with session_scope(services.settings) as session:
+        if job.state not in ACTIVE or not jobs.cancel(session, job.id):
+            return None
+        cancelled = jobs.get(session, job.id, token_id)
+    services.queue.cancel(job.id)
+    if job.state == "queued":  # no process will clean up after it
+        services.store.delete_uploads(job.id)
+    return cancelled
