@@ -203,16 +203,9 @@ def target_report(
         status = "failed"
     else:
         status = "ok" if result.drift is not None and result.drift.within_bar else "over_bar"
-    return schema.TargetReport(
-        name=profile.name,
-        board=profile.board,
-        runtime=profile.runtime,
-        opset=profile.opset,
-        rules=list(profile.rules),
-        status=status,
-        error=error,
-        **dict(result),
-    )
+    header = {key: getattr(profile, key) for key in ("name", "board", "runtime", "opset")}
+    rules = list(profile.rules)
+    return schema.TargetReport(**header, rules=rules, status=status, error=error, **dict(result))
 
 
 def _reference(

@@ -24,7 +24,6 @@ limit stays as the backstop).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
 import signal
@@ -43,13 +42,13 @@ from . import jobs
 from .db import session_scope, upgrade
 from .db.session import dispose_engines
 from .job_process import (
-    PRELOAD,
     clean_leftovers,
     enter,
     exit_message,
     job_log_path,
     limit_threads,
     peak_address_space_mb,
+    preload,
     timeout_message,
 )
 from .job_states import ENDED
@@ -293,8 +292,7 @@ def run_worker(
     upgrade(settings)  # a worker may start before the API does
     dispose_engines()  # pool processes open their own connections
     limit_threads(settings)  # before torch loads
-    for module in PRELOAD:
-        importlib.import_module(module)
+    preload()
     argv = [
         "worker",
         f"--concurrency={concurrency or settings.workers}",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import importlib
 import logging
 import os
 import resource
@@ -47,8 +48,10 @@ from .uploads import stored_model
 log = logging.getLogger("edge_un.job_process")
 # Imported once by whoever forks job processes (the local queue's fork server, a Celery
 # worker): each job process is a fork of it, so a job starts in milliseconds instead of
-# re-importing torch, ONNX and the pipeline (seconds each time).
-PRELOAD = ("service.job_process", "quant.pipeline")
+# re-importing torch, ONNX and the pipeline (seconds each time). Also what a conversion loads
+# anyway whose native code must not start under the job's memory limit: scipy's OpenBLAS
+# (scikit-learn's data splits load it) loops forever when an allocation fails as it starts.
+PRELOAD = ("service.job_process", "quant.pipeline", "sklearn.model_selection")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 PR_SET_PDEATHSIG = 1
 # Signals of a crash in native code. RLIMIT_AS makes an allocation fail, which some libraries
@@ -81,6 +84,13 @@ def limit_memory(megabytes: int) -> None:
     if megabytes > 0:
         limit = megabytes * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def preload() -> None:
+    """Import PRELOAD (scikit-learn is the optional data extra: without it, no data splits)."""
+    for module in PRELOAD:
+        with contextlib.suppress(ModuleNotFoundError):
+            importlib.import_module(module)
 
 
 def limit_threads(settings: Settings) -> None:

@@ -132,8 +132,8 @@ def job_baseline_mb() -> float:
     """The address space a job process starts with: what its parent preloaded (the local
     queue's fork server and a Celery worker import the same modules), in a fresh process."""
     probe = (
-        "import service.job_process, quant.pipeline\n"
-        "from service.job_process import peak_address_space_mb\n"
+        "from service.job_process import peak_address_space_mb, preload\n"
+        "preload()\n"
         "print(peak_address_space_mb())\n"
     )
     result = subprocess.run(
@@ -159,6 +159,35 @@ def test_job_over_its_memory_limit_fails_with_the_reason(tmp_path, servers, serv
         assert "ran out of memory" in failed["error"], failed
         assert f"the limit is {limit} MB, EDGE_UN_JOB_MEMORY_MB" in failed["error"], failed
         assert client.get("/readyz").status_code == 200  # the server itself is untouched
+
+
+def test_a_job_process_out_of_memory_while_loading_its_data_fails_instead_of_hanging() -> None:
+    """scipy's OpenBLAS (scikit-learn's data splits load it) loops forever when an allocation
+    fails as it starts: a job process that reached that import at its memory limit hung until
+    the job timed out (at other margins the import fails to map the library instead). The job
+    processes' parents preload it; in a fresh process preloaded the same way, the data split
+    under a limit just above the start is a plain MemoryError, at once."""
+    probe = (
+        "import resource\n"
+        "from service.job_process import peak_address_space_mb, preload\n"
+        "preload()\n"
+        "limit = (round(peak_address_space_mb()) + 40) << 20\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
+        "import edge_un\n"
+        "from edge_un import examples\n"
+        "from edge_un.data import checkpoint_split\n"
+        "try:\n"
+        "    _, info = edge_un.load_checkpoint(examples.path('vit-mnist-un'))\n"
+        "    checkpoint_split(info, 'test')\n"
+        "    print('completed')\n"
+        "except MemoryError:\n"
+        "    print('out of memory')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.stdout.split() == ["out", "of", "memory"], result.stderr[-2000:]
 
 
 def test_a_failure_counts_as_memory_by_its_words_or_near_the_limit_never_without_one() -> None:

@@ -91,6 +91,46 @@ def test_migrations_build_exactly_the_models(settings):
             assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 
+def _downgrade(settings: Settings, revision: str) -> None:
+    from alembic import command
+
+    config = alembic_config(settings)
+    with get_engine(settings).begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+
+
+def test_migration_0003_turns_stored_target_lists_into_json_and_back(settings):
+    """Jobs recorded before 0003 kept their targets as "cpu,imx93": the migration turns each
+    into a list of names (and its downgrade back), and the progress columns come and go."""
+    _downgrade(settings, "0002")
+    row = (
+        "INSERT INTO jobs (id, state, percent, attempts, targets, max_drift, model_format, "
+        "model_label, upload_bytes, created_at, updated_at) VALUES (:id, 'succeeded', 100, 1, "
+        ":targets, 0.5, 'onnx', 'm.onnx', 1, :now, :now)"
+    )
+    now = datetime(2026, 11, 20, 12, 0)
+    with get_engine(settings).begin() as connection:
+        for job_id, targets in (("a1", "cpu,imx93"), ("b2", ""), ("c3", "tda4vm")):
+            connection.execute(text(row), {"id": job_id, "targets": targets, "now": now})
+    upgrade(settings)
+    with session_scope(settings) as session:
+        stored = {job.id: (job.targets, job.target, job.stage_detail) for job in
+                  session.scalars(select(Job))}  # fmt: skip
+    assert stored == {
+        "a1": (["cpu", "imx93"], None, None),
+        "b2": ([], None, None),
+        "c3": (["tda4vm"], None, None),
+    }
+    _downgrade(settings, "0002")
+    with get_engine(settings).connect() as connection:
+        back = dict(connection.execute(text("SELECT id, targets FROM jobs")).all())
+        columns = {c["name"] for c in inspect(connection).get_columns("jobs")}
+    assert back == {"a1": "cpu,imx93", "b2": "", "c3": "tda4vm"}
+    assert not {"target", "stage_detail"} & columns
+    upgrade(settings)
+
+
 def test_claims_are_fifo_and_never_shared(settings):
     ids = _queue(settings, 12)
     claims: list[jobs.Claim] = []

@@ -17,7 +17,8 @@ from fastapi.responses import FileResponse, HTMLResponse
 from starlette.background import BackgroundTask
 
 from .. import intake, job_actions, jobs
-from ..db import session_scope
+from ..db import Job, session_scope
+from ..services import Services
 from ..uploads import MAX_DATA_FILES
 from .deps import PrincipalDep, ServicesDep
 from .problems import Problem
@@ -86,16 +87,25 @@ async def create_conversion(
 ) -> JobOut:
     """Upload a model (and optional config, calib, eval; an ONNX model's external data as
     model_data) and queue its conversion."""
-    job = await intake.submit(
+    job = await submit_upload(request, services, principal.token_id)
+    out = JobOut.of(job, _base(request))
+    response.headers["Location"] = out.links["self"]
+    return out
+
+
+async def submit_upload(
+    request: Request, services: Services, token_id: int | None, *, browser: bool = False
+) -> Job:
+    """The request's multipart body through the upload checks, queued as a job (the API's
+    route and the web page's form both upload this way)."""
+    return await intake.submit(
         services,
         request.stream(),
         request.headers.get("content-type"),
         request.headers.get("content-length"),
-        principal.token_id,
+        token_id,
+        browser=browser,
     )
-    out = JobOut.of(job, _base(request))
-    response.headers["Location"] = out.links["self"]
-    return out
 
 
 @router.get("", response_model=JobPage, responses=ERRORS)

@@ -18,7 +18,7 @@ import anyio
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from .. import intake, job_actions, jobs
+from .. import job_actions, jobs
 from ..api import conversions
 from ..api.deps import Principal, services
 from ..api.problems import Problem, status_of
@@ -174,14 +174,7 @@ async def upload(request: Request) -> Response:
     service = services(request)
     try:
         check_form(request, request.query_params.get(CSRF_FIELD))
-        job = await intake.submit(
-            service,
-            request.stream(),
-            request.headers.get("content-type"),
-            request.headers.get("content-length"),
-            who.token_id,
-            browser=True,
-        )
+        job = await conversions.submit_upload(request, service, who.token_id, browser=True)
     except (Problem, Refused) as problem:
         page = pages.upload_page(_targets(), csrf_token(request), problem.detail)
         return _html(request, page, status_of(problem))
