@@ -29,7 +29,8 @@ from .records import (
 )
 from .rules import unsupported_ops
 from .sources import Source, derived_sources, label_of, onnx_sources, placed_ops
-from .tflite import TfliteArtifacts, check_full_integer, convert_tflite, inspect_tflite
+from .tflite import TfliteArtifacts, convert_tflite
+from .tflite_flatbuffer import check_full_integer, inspect_tflite
 from .vela import VelaResult, compile_vela
 
 

@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .tflite import inspect_tflite
+from .tflite_flatbuffer import inspect_tflite
 
 DEFAULT_ACCELERATOR = "ethos-u65-256"
 DEFAULT_SYSTEM_CONFIG = "Ethos_U65_High_End"
