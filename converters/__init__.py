@@ -6,6 +6,9 @@
 * :func:`export_onnx`: one self-contained, checked ONNX file + ExportInfo (ORT vs torch).
 """
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ConversionError,
     NotAnOnnxModelError,
@@ -13,11 +16,41 @@ from .errors import (
     OnlineNormError,
     OpsetError,
 )
-from .export import ExportInfo, TensorSpec, export_onnx
-from .fold import fold_norms
-from .onnx_fold import fold_onnx, load_onnx
-from .program import load_program, program_example_inputs
 from .report import FoldReport, NormFold
+
+if TYPE_CHECKING:
+    from .export import ExportInfo, TensorSpec, export_onnx
+    from .fold import fold_norms
+    from .onnx_fold import fold_onnx, load_onnx
+    from .program import load_program, program_example_inputs
+
+# The names whose modules import torch, each imported on first use: importing this package
+# (which any ``converters.x`` import does) stays torch-free, so that quant's target builders can
+# read ``converters.onnx_metadata`` without loading torch (~2 s, and its memory, per process).
+_LAZY = {
+    "ExportInfo": "export",
+    "TensorSpec": "export",
+    "export_onnx": "export",
+    "fold_norms": "fold",
+    "fold_onnx": "onnx_fold",
+    "load_onnx": "onnx_fold",
+    "load_program": "program",
+    "program_example_inputs": "program",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'converters' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "ConversionError",
