@@ -103,8 +103,8 @@ def _smoke_int8_only(files: Sequence[Path], sample: np.ndarray) -> tuple[str, ..
     return _SMOKE_RUN([f for f in files if "16x8" not in f.name], sample)
 
 
-_SMOKE_RUN = quant_tflite._smoke_run
-quant_tflite._smoke_run = _smoke_int8_only
+_SMOKE_RUN = quant_tflite.smoke_run
+quant_tflite.smoke_run = _smoke_int8_only
 
 
 def model_files(name: str, work: Path) -> tuple[Path, np.ndarray, np.ndarray]:

@@ -18,6 +18,7 @@ becomes a slice (:mod:`.onnx_rewrites`); Shape/Size readers never block a fold.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,12 @@ import onnxscript.optimizer
 import torch
 from onnx_ir.passes.common import NameFixPass, RemoveUnusedNodesPass, ShapeInferencePass
 
-from .equations import fold_affine_into_preceding_linear
+from .equations import (
+    as_channel_vector,
+    compose_affine,
+    fold_affine_into_following_linear,
+    fold_affine_into_preceding_linear,
+)
 from .errors import OnlineNormError
 from .fold_report import FoldReport, NormFold
 from .onnx_embeddings import embedding_terms, fold_into_embeddings
@@ -155,22 +161,16 @@ def compose(nodes: list[ir.Node], data: ir.Value) -> Chain | None:
         return None
     if isinstance(last, int) and last != channels:
         return None  # the constants broadcast the data to more channels: not x * s + t
-    scale, shift = np.ones(channels), np.zeros(channels)
+    if not any(s and s[1] in ("mul", "div") for s in steps) or max(widths, default=1) == 1:
+        return None  # a bias add or a scalar (GELU's constants, attention scale): not a norm
+    scale = torch.ones(channels, dtype=torch.float64)
+    shift = torch.zeros(channels, dtype=torch.float64)
     for step in steps:
         assert step is not None
         _, op, value, data_first = step
-        vector = np.broadcast_to(value.reshape(-1), (channels,))
-        if op == "mul":
-            scale, shift = scale * vector, shift * vector
-        elif op == "add":
-            shift = shift + vector
-        elif op == "sub":
-            scale, shift = (scale, shift - vector) if data_first else (-scale, vector - shift)
-        else:
-            scale, shift = scale / vector, shift / vector
-    if not any(s and s[1] in ("mul", "div") for s in steps) or max(widths, default=1) == 1:
-        return None  # a bias add or a scalar (GELU's constants, attention scale): not a norm
-    return Chain(nodes, data, scale, shift)
+        vector = as_channel_vector(torch.from_numpy(value), channels)
+        scale, shift = compose_affine(scale, shift, op, vector, data_first)
+    return Chain(nodes, data, scale.numpy(), shift.numpy())
 
 
 def fold_chain(graph: ir.Graph, chain: Chain) -> NormFold | None:
@@ -387,39 +387,51 @@ def _current_bias(layer: ir.Node, width: int) -> np.ndarray:
     return np.broadcast_to(constant(add.inputs[index]).astype(np.float64), (width,)).copy()  # type: ignore[union-attr]
 
 
+def _fold_weights(
+    fold: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    chain: Chain,
+) -> tuple[np.ndarray, np.ndarray]:
+    """An equation of :mod:`.equations` (torch) in float64 on numpy arrays: the chain folded into
+    a ``(out, in, ...)`` weight (torch's layout) and its bias."""
+    new_weight, new_bias = fold(
+        torch.from_numpy(weight.astype(np.float64)),
+        None if bias is None else torch.from_numpy(bias.astype(np.float64)),
+        torch.from_numpy(chain.scale),
+        torch.from_numpy(chain.shift),
+    )
+    return new_weight.numpy(), new_bias.numpy()
+
+
 def fold_into_following(graph: ir.Graph, layer: ir.Node, chain: Chain) -> None:
-    """W (x s + t) + b = (s[:, None] W) x + (b + t W), W stored as (K, N)."""
-    weight, _ = _weight(layer)
-    w = weight.astype(np.float64)  # type: ignore[union-attr]
-    bias = _current_bias(layer, w.shape[1]) + chain.shift @ w
-    _write(graph, layer, chain.scale[:, None] * w, bias)
+    """The chain folds into the weight it feeds (:func:`.fold_affine_into_following_linear`)."""
+    weight, _ = _weight(layer)  # (K, N): transposed to torch's (out, in) and back
+    assert weight is not None
+    bias = _current_bias(layer, weight.shape[1])
+    new_weight, new_bias = _fold_weights(fold_affine_into_following_linear, weight.T, bias, chain)
+    _write(graph, layer, new_weight.T, new_bias)
 
 
 def fold_into_preceding(graph: ir.Graph, layer: ir.Node, chain: Chain) -> None:
-    """(x W + b) s + t = x (W s[None, :]) + (b s + t); Conv: per output channel. The chain
-    then disappears."""
-    weight = constant(layer.inputs[1])
-    assert weight is not None
+    """The chain folds into the layer whose output it reads, per output channel
+    (:func:`.fold_affine_into_preceding_linear`); the chain then disappears."""
     if layer.op_type == "Conv":
+        weight = constant(layer.inputs[1])
+        assert weight is not None
         bias = constant(layer.inputs[2]) if len(layer.inputs) > 2 else None
-        new_w, new_b = fold_affine_into_preceding_linear(
-            torch.from_numpy(weight.astype(np.float64)),
-            None if bias is None else torch.from_numpy(bias.astype(np.float64)),
-            torch.from_numpy(chain.scale),
-            torch.from_numpy(chain.shift),
-        )
+        new_w, new_b = _fold_weights(fold_affine_into_preceding_linear, weight, bias, chain)
         bypass(graph, chain, chain.data)
-        set_constant_input(graph, layer, 1, new_w.numpy().astype(weight.dtype), f"{layer.name}_w")
-        set_constant_input(graph, layer, 2, new_b.numpy().astype(weight.dtype), f"{layer.name}_b")
+        set_constant_input(graph, layer, 1, new_w.astype(weight.dtype), f"{layer.name}_w")
+        set_constant_input(graph, layer, 2, new_b.astype(weight.dtype), f"{layer.name}_b")
         return
-    w, _ = _weight(layer)
-    w = w.astype(np.float64)  # type: ignore[union-attr]
+    weight, _ = _weight(layer)  # (K, N): transposed to torch's (out, in) and back
+    assert weight is not None
     # A MatMul's bias Add, if any, is the chain's first step (already in scale and shift).
-    bias = chain.shift.copy()
-    if layer.op_type == "Gemm":
-        bias += _current_bias(layer, w.shape[1]) * chain.scale
+    bias = _current_bias(layer, weight.shape[1]) if layer.op_type == "Gemm" else None
+    new_weight, new_bias = _fold_weights(fold_affine_into_preceding_linear, weight.T, bias, chain)
     bypass(graph, chain, chain.data)
-    _write(graph, layer, w * chain.scale[None, :], bias)
+    _write(graph, layer, new_weight.T, new_bias)
 
 
 def bypass(graph: ir.Graph, chain: Chain, replacement: ir.Value) -> None:

@@ -12,9 +12,7 @@ import ast
 import onnx_ir as ir
 
 from .graph import offline_norm_classes
-
-NAME_SCOPES = "pkg.torch.onnx.name_scopes"
-CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
+from .onnx_metadata import CLASS_HIERARCHY, NAME_SCOPES
 
 
 def _metadata_list(node: ir.Node, key: str) -> list[str]:

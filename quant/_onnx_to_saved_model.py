@@ -13,9 +13,9 @@ for the same model.
     python _onnx_to_saved_model.py MODEL.onnx SAVED_MODEL_DIR
 
 The model is built by ``onnx2tf.convert`` with the command's defaults (onnxsim first, the same
-per-node log on stdout, which ``quant.tflite`` reads the tensor map from). The saved_model has one
-signature, ``serving_default``, whose input keys are the ONNX input names, as onnx2tf's own
-saved_model has.
+per-node log on stdout, which ``quant.onnx2tf_log`` reads the tensor map from). The saved_model
+has one signature, ``serving_default``, whose input keys are the ONNX input names, as onnx2tf's
+own saved_model has.
 """
 
 from __future__ import annotations

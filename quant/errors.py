@@ -26,8 +26,7 @@ def one_line(error: BaseException) -> str:
     """An error's message as one line: its non-blank lines joined (pydantic and others write
     several, the first alone often says only how many), capped at MAX_LINE_CHARS; the type's
     name when the message is empty. Every place that shows an error in one line uses this."""
-    text = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
-    line = "; ".join(part.strip() for part in text.splitlines() if part.strip())
+    line = "; ".join(part.strip() for part in str(error).splitlines() if part.strip())
     if len(line) > MAX_LINE_CHARS:
         line = line[: MAX_LINE_CHARS - 3].rstrip() + "..."
     return line or type(error).__name__

@@ -13,7 +13,7 @@ from .digest import sha256_file
 from .drift import Drift
 from .latency import Timing
 from .litert import input_name as _input_name
-from .tflite import TfliteInfo
+from .tflite_flatbuffer import TfliteInfo
 
 WORST_LAYERS = 5  # how many of the lowest-SQNR tensors a target's report names
 Runtime = Literal["onnxruntime", "litert"]

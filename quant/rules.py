@@ -1,4 +1,4 @@
-"""Each target's rules, enforced on the ONNX files it ships (TFLite: :mod:`quant.tflite`).
+"""Each target's rules, enforced on the ONNX files it ships (TFLite: :mod:`.tflite_flatbuffer`).
 
 A profile states its rules (:mod:`quant.targets`); these checks read them back from the file
 produced, so an artifact that a board would reject never leaves the pipeline as "ok".

@@ -15,8 +15,8 @@ its neighbours share (the longest common module path of the tensors it reads and
 its consumers write), with its own op: a Split between ``blocks.3.attn.qkv`` and
 ``blocks.3.attn`` is ``blocks.3.attn.split``. A file with no records at all gets no names.
 
-Kept free of torch and onnx_ir (the same metadata keys as ``converters.onnx_names``, which
-imports torch): this runs in every target's builder process.
+Kept free of torch and onnx_ir (the metadata keys come from ``converters.onnx_metadata``, which
+imports neither): this runs in every target's builder process.
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ from pathlib import Path
 
 import onnx
 
-NAME_SCOPES = "pkg.torch.onnx.name_scopes"
-CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
-NAMESPACE = "namespace"  # "': Model/blocks.0: Block/blocks.0.attn: Attention/softmax: aten...'"
+from converters.onnx_metadata import CLASS_HIERARCHY, NAME_SCOPES, NAMESPACE
+
 TORCH_LAYERS = "torch.nn.modules."  # a built-in layer: its one op is the module itself
 INFER_ROUNDS = 8  # a chain of unrecorded nodes longer than this stays unnamed
 _COUNTER = re.compile(r"_\d+$")

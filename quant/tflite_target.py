@@ -9,6 +9,7 @@ fallback is one step, costed in Vela cycles and in the ops Vela then leaves to t
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +30,9 @@ from .records import (
 from .rules import unsupported_ops
 from .sources import Source, derived_sources, label_of, onnx_sources, placed_ops
 from .target_job import TargetJob
-from .tflite import TfliteArtifacts, check_full_integer, convert_tflite, inspect_tflite
-from .vela import VelaResult, compile_vela
+from .tflite import TfliteArtifacts, convert_tflite
+from .tflite_flatbuffer import OpRef, check_full_integer, inspect_tflite
+from .vela import VelaResult, compile_vela, cpu_op_name
 
 
 def build_tflite_target(job: TargetJob) -> schema.TargetResult:
@@ -75,14 +77,16 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     )
     artifacts = [artifact_record(shipped, out_dir, "tflite", description)]
     fallback_ops = unsupported_ops(inspect_tflite(shipped).ops, profile)
-    vela_record = vela_pure_record = None
+    vela_record = vela_pure_record = vela_cpu_ops = None
     if "vela" in profile.artifacts:
         stage("Vela", 0.7)
         vela = compile_vela(shipped, target_dir / "vela")
         artifacts.append(
             artifact_record(vela.path, out_dir, "vela_tflite", "compiled by Vela for the NPU")
         )
-        vela_record, fallback_ops = _vela_record(vela), sorted(set(vela.cpu_ops))
+        vela_record = _vela_record(vela)
+        vela_cpu_ops = sorted(set(vela.cpu_operators), key=cpu_op_name)
+        fallback_ops = [cpu_op_name(op) for op in vela_cpu_ops]
         if vela_pure is not None:
             vela_pure_record = _vela_record(vela_pure)
             excluded[0] = excluded[0].model_copy(update={"est_cost": _vela_cost(vela, vela_pure)})
@@ -103,7 +107,7 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
             for t in thread_counts()
         ],
         fallback_ops=fallback_ops,
-        fallback_op_sources=fallback_sources(shipped, fallback_ops, sources, vela_record),
+        fallback_op_sources=fallback_sources(shipped, fallback_ops, sources, vela_cpu_ops),
         excluded=excluded,
         vela=vela_record,
         vela_pure_int8=vela_pure_record,
@@ -130,15 +134,15 @@ def fallback_sources(
     shipped: Path,
     fallback_ops: list[str],
     sources: dict[str, Source],
-    vela: schema.Vela | None,
+    vela_cpu_ops: Sequence[OpRef] | None,
 ) -> list[schema.OpSource]:
-    """Each op behind ``fallback_ops`` with its module: Vela names each op it leaves to the CPU
-    ("OP tensor"); the VX delegate's list is of op types, found in the shipped file."""
-    if vela is not None:
-        entries = [entry.partition(" ") for entry in fallback_ops]
+    """Each op behind ``fallback_ops`` with its module: with Vela, the ops it leaves to the CPU
+    (``vela_cpu_ops``, which ``fallback_ops`` names); the VX delegate's list is of op types,
+    found in the shipped file."""
+    if vela_cpu_ops is not None:
         return [
-            schema.OpSource(op=op, name=name, module=label_of(sources, name))
-            for op, _, name in entries
+            schema.OpSource(op=op.op, name=op.output, module=label_of(sources, op.output))
+            for op in vela_cpu_ops
         ]
     return [
         schema.OpSource(op=op, name=name, module=module)

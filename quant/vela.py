@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .tflite import inspect_tflite
+from .tflite_flatbuffer import OpRef, inspect_tflite
 
 DEFAULT_ACCELERATOR = "ethos-u65-256"
 DEFAULT_SYSTEM_CONFIG = "Ethos_U65_High_End"
@@ -63,9 +63,9 @@ class VelaResult:
 
     ``npu_ops`` counts Vela's operators after its own lowering (a SOFTMAX becomes ~30 NPU
     elementwise ops), as its summary does, and ``npu_op_types`` breaks them down by Vela's
-    (lowered) type. ``cpu_ops`` names each op left to the CPU as "OpType tensor_name";
-    ``cpu_op_types`` counts them by TFLite builtin name, read from the compiled file, and
-    ``cpu_reasons`` says why, in Vela's words.
+    (lowered) type. ``cpu_operators`` are the ops left to the CPU, read from the compiled file
+    (``cpu_ops`` names each as "OpType tensor_name", as the report does); ``cpu_op_types`` counts
+    them by TFLite builtin name, and ``cpu_reasons`` says why, in Vela's words.
     ``cycles`` and ``est_ms`` are Vela's estimate for one batch-1 inference at the config's
     clock, memory traffic included.
     """
@@ -76,7 +76,7 @@ class VelaResult:
     memory_mode: str
     config_file: Path
     npu_ops: int
-    cpu_ops: tuple[str, ...]
+    cpu_operators: tuple[OpRef, ...]
     npu_op_types: dict[str, int]
     cpu_op_types: dict[str, int]
     sram_kib: float
@@ -92,8 +92,17 @@ class VelaResult:
     notes: tuple[str, ...] = field(default=())
 
     @property
+    def cpu_ops(self) -> tuple[str, ...]:
+        return tuple(cpu_op_name(op) for op in self.cpu_operators)
+
+    @property
     def all_on_npu(self) -> bool:
-        return not self.cpu_ops and self.npu_ops > 0
+        return not self.cpu_operators and self.npu_ops > 0
+
+
+def cpu_op_name(op: OpRef) -> str:
+    """An op left to the CPU as the report names it: "OpType tensor_name"."""
+    return f"{op.op} {op.output}"
 
 
 def compile_vela(
@@ -164,7 +173,7 @@ def compile_vela(
         memory_mode=row.get("memory_mode", memory_mode),
         config_file=config,
         npu_ops=counts.get("NPU", 0),
-        cpu_ops=tuple(f"{op.op} {op.output}" for op in left),
+        cpu_operators=tuple(left),
         npu_op_types=_histogram(op for target, op, _ in placed if target == "NPU"),
         cpu_op_types=_histogram(op.op for op in left),
         cpu_reasons=_reasons(proc.stdout + "\n" + proc.stderr),

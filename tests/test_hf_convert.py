@@ -28,7 +28,7 @@ from quant.data import InputSpec, checkpoint_samples
 from quant.pipeline import convert
 from quant.report import Report
 from quant.targets import TARGET_NAMES, parse_targets
-from quant.tflite import check_full_integer, inspect_tflite
+from quant.tflite_flatbuffer import check_full_integer, inspect_tflite
 
 CALIBRATION = 128
 EVALUATION = {"vit": 1000, "bert": 500}  # the ViT's whole test split: its bar is 10 images

@@ -28,7 +28,7 @@ from edge_un import data as edge_data
 from edge_un import examples
 from quant.report import SCHEMA_FILE, Report, json_schema_text
 from quant.targets import TARGET_NAMES, parse_targets
-from quant.tflite import check_full_integer, inspect_tflite
+from quant.tflite_flatbuffer import check_full_integer, inspect_tflite
 
 from . import norm_statistics
 

@@ -9,6 +9,10 @@ conversion it makes anyway.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import onnx
 import pytest
 from onnx import helper
@@ -135,3 +139,22 @@ def test_every_node_of_a_real_export_names_its_module(text_export) -> None:
     matmuls = {sources[n.output[0]].label() for n in text_export.graph.node if n.op_type == "MatMul"
                and n.input[1] in {i.name for i in text_export.graph.initializer}}  # fmt: skip
     assert "blocks.0.attn.qkv" in matmuls and "blocks.0.mlp.fc1" in matmuls
+
+
+def test_the_target_builders_load_no_torch() -> None:
+    """quant.sources takes its metadata keys from converters (converters.onnx_metadata), yet runs
+    in every target's builder process, which must not pay for torch: a fresh interpreter that
+    imports both builders has loaded neither torch nor onnx_ir."""
+    code = (
+        "import sys, quant.onnx_target, quant.tflite_target\n"
+        "print(sorted({'torch', 'onnx_ir'} & set(sys.modules)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.stdout.splitlines()[-1:] == ["[]"], result.stdout + result.stderr

@@ -29,14 +29,9 @@ from quant.litert import (
     tensor_sqnr_tflite,
     tensor_values,
 )
-from quant.tflite import (
-    NotFullIntegerError,
-    TfliteArtifacts,
-    TfliteConversionError,
-    check_full_integer,
-    convert_tflite,
-    inspect_tflite,
-)
+from quant.tflite import TfliteArtifacts, convert_tflite
+from quant.tflite_flatbuffer import NotFullIntegerError, check_full_integer, inspect_tflite
+from quant.tool_sandbox import TfliteConversionError
 from quant.vela import compile_vela
 
 from .servers import missing
