@@ -15,7 +15,6 @@ import functools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ import httpx
 from service import tokens
 from service.settings import Settings
 
-from .servers import PostgresServer, RedisServer
+from .servers import PostgresServer, RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # Fast conversions on a shared 2-core machine: few latency runs, one thread per job.
@@ -43,12 +42,6 @@ FINISHED = ("succeeded", "failed", "cancelled")
 QUEUE_MODES = ("local", "celery")
 # Celery mode: a lost worker's job is taken over after 3 missed beats (3 s, not 30).
 CELERY_FAST = {"EDGE_UN_HEARTBEAT_S": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 _BACKENDS: dict[Path, CeleryBackend] = {}
