@@ -1,12 +1,19 @@
-"""Small models of both families, any norm kind, with trained-looking state, and their inputs."""
+"""Small models of both families, any norm kind, with trained-looking state, and their inputs;
+the bundled trained UN ViT as fp32 ONNX files with its own data (``example_vit_onnx``)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 import edge_un
 from edge_un.models import TextTransformer, VisionTransformer
+
+if TYPE_CHECKING:
+    from converters.pipeline import FoldedSource
 
 SMALL_VIT = {"img_size": 8, "in_chans": 1, "patch_size": 2, "dim": 16, "depth": 2, "heads": 2,
              "mlp_ratio": 2.0, "num_classes": 10}  # fmt: skip
@@ -41,3 +48,39 @@ def trained_small_model(family: str, kind: str, steps: int = 3, **overrides) -> 
         loss.backward()
         optimizer.step()
     return model.eval()
+
+
+class Fp32Exports(dict):
+    """A folded model's fp32 ONNX files by target name (``exports["cpu"]``), each exported into
+    ``directory`` at its target's opset and batch the first time it is asked for."""
+
+    def __init__(self, folded: FoldedSource, directory: Path) -> None:
+        super().__init__()
+        self.folded, self.directory = folded, directory
+
+    def __missing__(self, target: str) -> Path:
+        from converters.pipeline import export_folded
+        from quant.targets import PROFILES
+
+        profile = PROFILES[target]
+        path = self.directory / f"fp32_{target}.onnx"
+        export_folded(self.folded, path, opset=profile.opset,
+                      dynamic_batch=not profile.static_batch)  # fmt: skip
+        self[target] = path
+        return path
+
+
+def example_vit_onnx(directory: Path) -> dict:
+    """The bundled trained UN ViT folded, its fp32 ONNX files per target (exported on demand),
+    128 training samples to calibrate and 300 test samples to evaluate with."""
+    from converters.pipeline import load_and_fold
+    from edge_un import examples
+    from quant.data import checkpoint_samples
+
+    folded = load_and_fold(examples.path("vit-mnist-un"))
+    return {
+        "dir": directory,
+        "fp32": Fp32Exports(folded, directory),
+        "calibration": checkpoint_samples(folded.info, "train", 128),
+        "evaluation": checkpoint_samples(folded.info, "test").head(300),
+    }

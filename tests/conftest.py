@@ -2,20 +2,36 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
 import pytest
 import torch
 from torch import nn
 
 from edge_un import data
 
-from .builders import trained_small_model
-from .servers import postgres_server, redis_server  # noqa: F401  (session fixtures)
-from .service_live import QUEUE_MODES, ServiceMode
+from .builders import example_vit_onnx, trained_small_model
+from .servers import missing, postgres_server, redis_server  # noqa: F401  (session fixtures)
+from .service_live import QUEUE_MODES, LiveServer, ServiceMode
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
 @pytest.fixture
 def small_vit() -> nn.Module:
     return trained_small_model("vit", "un")
+
+
+@pytest.fixture(scope="module")
+def vit_onnx(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The bundled trained UN ViT folded: ``fp32[target]`` its fp32 ONNX file for a target
+    (exported on first use), ``calibration`` and ``evaluation`` samples of its own data, and
+    ``dir`` a directory for the module's files (tests/builders.py, ``example_vit_onnx``)."""
+    return example_vit_onnx(tmp_path_factory.mktemp("vit_onnx"))
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +52,84 @@ def digits() -> data.Dataset:
 @pytest.fixture(scope="module", params=QUEUE_MODES)
 def service_mode(request: pytest.FixtureRequest) -> ServiceMode:
     """Every service test that starts a server runs in both queue modes: ``local`` (SQLite,
-    the server's own job processes) and ``celery`` (PostgreSQL, Redis, Celery workers)."""
+    the server's own job processes) and ``celery`` (PostgreSQL, Redis, Celery workers).
+    A module whose server runs in one mode only overrides this fixture with that mode."""
     if request.param == "celery":
         postgres = request.getfixturevalue("postgres_server")
         redis = request.getfixturevalue("redis_server")
         return ServiceMode("celery", postgres, redis)
     return ServiceMode("local")
+
+
+@pytest.fixture(scope="module")
+def server(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    service_mode: ServiceMode,
+) -> Iterator[LiveServer]:
+    """The module's live server (tests/service_live.py), in ``service_mode``, stopped after
+    the module. Its EDGE_UN_* settings beyond service_live.FAST are the module's
+    ``SERVER_ENV`` (a dict; none if the module has none)."""
+    env = getattr(request.module, "SERVER_ENV", {})
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    live = service_mode.server(tmp_path_factory.mktemp(name) / "data", **env)
+    try:
+        yield live.start()
+    finally:
+        live.stop()
+
+
+@pytest.fixture(scope="module")
+def token(server: LiveServer) -> str:
+    """A token of the module's server."""
+    return server.token()
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer, token: str) -> Iterator[httpx.Client]:
+    """An HTTP client of the module's server, signed in with ``token``."""
+    with server.client(token) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where ``browser`` saves what it downloads."""
+    return tmp_path_factory.mktemp("downloads")
+
+
+@pytest.fixture(scope="module")
+def browser(request: pytest.FixtureRequest, downloads: Path) -> Iterator[object]:
+    """The system's Chromium, headless, through the system chromedriver (given by its path:
+    Selenium Manager, which downloads drivers, never runs). Its console log is kept, downloads
+    go to ``downloads`` unasked, nothing of Chrome's own goes out; its window is the module's
+    ``BROWSER_WINDOW`` (default a laptop's screen). Under CI=true a missing Chromium fails the
+    test, never skips it."""
+    absent = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
+    if absent:
+        missing(f"{', '.join(absent)} missing: apt-get install chromium chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    window = getattr(request.module, "BROWSER_WINDOW", "1366,768")
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     f"--window-size={window}", "--no-first-run", "--disable-extensions",
+                     "--disable-background-networking", "--disable-component-update",
+                     "--disable-sync", "--disable-default-apps"):  # fmt: skip
+        options.add_argument(argument)
+    options.add_experimental_option(
+        "prefs",
+        {"download.default_directory": str(downloads), "download.prompt_for_download": False},
+    )
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        driver.execute_cdp_cmd(
+            "Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)}
+        )
+        driver.set_page_load_timeout(60)
+        yield driver
+    finally:
+        driver.quit()

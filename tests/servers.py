@@ -84,17 +84,50 @@ def _terminate(process: subprocess.Popen | None, sig: signal.Signals = signal.SI
         process.wait()
 
 
-class PostgresServer:
+class _Server:
+    """A server process in its own temporary directory, on a free port: ``start`` (in each
+    subclass) on the same port and directory every time, ``stop`` with the subclass's
+    ``STOP_SIGNAL``, ``cleanup`` that also removes the directory."""
+
+    STOP_SIGNAL = signal.SIGTERM
+
+    def __init__(self, prefix: str, log: str) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix=prefix))
+        self.log = self.root / log
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def stop(self) -> None:
+        _terminate(self.process, self.STOP_SIGNAL)
+        self.process = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class PostgresServer(_Server):
     """A PostgreSQL 15 cluster in a temporary directory: trust auth on loopback, superuser
     ``postgres``, unix socket inside the directory (never /var/run/postgresql)."""
 
+    # Fast shutdown (SIGINT: roll back open transactions, close sessions, stop).
+    STOP_SIGNAL = signal.SIGINT
+
     def __init__(self, bin_dir: Path = PG_BIN) -> None:
+        super().__init__("edge-un-pg-", "postgres.log")
         self.bin_dir = bin_dir
-        self.root = Path(tempfile.mkdtemp(prefix="edge-un-pg-"))
         self.data = self.root / "data"
-        self.log = self.root / "postgres.log"
-        self.port = free_port()
-        self.process: subprocess.Popen | None = None
         self._as_root = os.geteuid() == 0
         if self._as_root:
             shutil.chown(self.root, PG_USER, PG_USER)
@@ -126,7 +159,7 @@ class PostgresServer:
 
     def start(self) -> None:
         """Start the server on its port and data directory (made on the first start)."""
-        if self.process is not None and self.process.poll() is None:
+        if self.running:
             return
         if not self.data.exists():
             self._initdb()
@@ -192,30 +225,17 @@ class PostgresServer:
         with self._connect() as connection:
             connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
-    def stop(self) -> None:
-        """Fast shutdown (SIGINT: roll back open transactions, close sessions, stop)."""
-        _terminate(self.process, signal.SIGINT)
-        self.process = None
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-class RedisServer:
+class RedisServer(_Server):
     """redis-server in a temporary directory, append-only file on (fsync every second) and no
     RDB snapshots: what survives a restart is what the AOF holds, as in production."""
 
+    # Graceful shutdown (SIGTERM: redis fsyncs the AOF, then exits).
+    STOP_SIGNAL = signal.SIGTERM
+
     def __init__(self, binary: str) -> None:
+        super().__init__("edge-un-redis-", "redis.log")
         self.binary = binary
-        self.root = Path(tempfile.mkdtemp(prefix="edge-un-redis-"))
-        self.log = self.root / "redis.log"
-        self.port = free_port()
-        self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
@@ -223,7 +243,7 @@ class RedisServer:
 
     def start(self) -> None:
         """Start on the same port and directory as before, so it replays the same AOF."""
-        if self.process is not None and self.process.poll() is None:
+        if self.running:
             return
         argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
         argv += ["--dir", str(self.root), "--appendonly", "yes", "--appendfsync", "everysec"]
@@ -243,27 +263,14 @@ class RedisServer:
         except OSError:
             return False
 
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def stop(self) -> None:
-        """Graceful shutdown (SIGTERM: redis fsyncs the AOF, then exits)."""
-        _terminate(self.process, signal.SIGTERM)
-        self.process = None
-
     def kill(self) -> None:
         """SIGKILL, as a crash: writes of the last second may be lost (appendfsync everysec).
         ``start()`` brings it back."""
         _terminate(self.process, signal.SIGKILL)
         self.process = None
 
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
 
-
-def _started(server: PostgresServer | RedisServer) -> Iterator[PostgresServer | RedisServer]:
+def _started(server: _Server) -> Iterator[_Server]:
     """Start a server, stop it and remove its directory after (also at exit if pytest dies)."""
     atexit.register(server.cleanup)
     try:

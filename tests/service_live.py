@@ -15,7 +15,6 @@ import functools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ import httpx
 from service import tokens
 from service.settings import Settings
 
-from .servers import PostgresServer, RedisServer
+from .servers import PostgresServer, RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # Fast conversions on a shared 2-core machine: few latency runs, one thread per job.
@@ -43,12 +42,6 @@ FINISHED = ("succeeded", "failed", "cancelled")
 QUEUE_MODES = ("local", "celery")
 # Celery mode: a lost worker's job is taken over after 3 missed beats (3 s, not 30).
 CELERY_FAST = {"EDGE_UN_HEARTBEAT_S": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 _BACKENDS: dict[Path, CeleryBackend] = {}
@@ -266,6 +259,23 @@ def upload(
         return client.post("/v1/conversions", files={"model": (model.name, stream)}, data=data)
 
 
+def submit_parts(client: httpx.Client, parts: Any, targets: str = "cpu") -> dict[str, Any]:
+    """POST multipart ``parts`` (httpx ``files``) as a conversion; assert it was accepted and
+    return the job as the answer gives it."""
+    response = client.post("/v1/conversions", files=parts, data={"targets": targets})
+    assert response.status_code == 202, response.text
+    return response.json()
+
+
+def converted(
+    client: httpx.Client, parts: Any, targets: str = "cpu", timeout: float = 240
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``submit_parts``, then wait until the job succeeded: (the job as accepted, its report)."""
+    job = submit_parts(client, parts, targets)
+    done = wait_for(client, job["id"], ("succeeded",), timeout=timeout)
+    return job, client.get(f"/v1/conversions/{done['id']}/report").json()
+
+
 def wait_for(
     client: httpx.Client,
     job_id: str,
@@ -383,6 +393,13 @@ def abort_hook(folder: Path, stage: str) -> dict[str, str]:
     """The environment of a server whose job processes abort after recording ``stage`` (a
     stage's name without its target, e.g. "export")."""
     return _hooked(folder, EDGE_UN_TEST_ABORT_AFTER_STAGE=stage)
+
+
+def fast_data_parts() -> list[tuple[str, tuple[str, bytes]]]:
+    """The quick conversion's calibration and evaluation files as the upload parts ``calib``
+    and ``eval`` (samples of the example's data set, for any model of its one input)."""
+    files = fast_job_files()
+    return [(part, (files[part].name, files[part].read_bytes())) for part in ("calib", "eval")]
 
 
 def upload_fast(client: httpx.Client, *, targets: str = "cpu") -> httpx.Response:

@@ -38,6 +38,7 @@ from .service_live import (
     hold_hook,
     is_problem,
     job_processes,
+    submit_parts,
     wait_for,
 )
 
@@ -472,9 +473,7 @@ def service(tmp_path_factory, service_mode: ServiceMode):
 
 def submit(client, data: dict[str, Path], targets: str, parts=("model", "calib", "eval")):
     files = {part: (data[part].name, data[part].read_bytes()) for part in parts}
-    response = client.post("/v1/conversions", files=files, data={"targets": targets})
-    assert response.status_code == 202, response.text
-    return response.json()["id"]
+    return submit_parts(client, files, targets)["id"]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import pty
 import re
 import select
 import signal
-import socket
 import sqlite3
 import struct
 import subprocess
@@ -25,6 +24,8 @@ import pytest
 import edge_un
 from quant.report import Report
 from service.cli import choices
+
+from .servers import free_port
 
 COMMANDS = ("convert", "export", "targets", "report", "info", "train", "migrate", "finetune",
             "serve", "token", "submit", "jobs", "status", "download", "cancel")  # fmt: skip
@@ -344,12 +345,6 @@ def test_token_create_list_revoke(tmp_path: Path) -> None:
     )
     result = run_cli("token", "revoke", "first", env=env)
     assert result.returncode == 2 and "Usage: edge-un token revoke" in result.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_serve_answers_healthz_and_stops_on_ctrl_c(tmp_path: Path) -> None:

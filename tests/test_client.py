@@ -24,10 +24,19 @@ from edge_un import examples
 from service.api.schemas import JobOut
 from service.client import Client, ServiceError
 
-from .service_live import ROOT, LiveServer, fast_job_files, hold_hook, is_problem, wait_for
+from .service_live import (
+    ROOT,
+    LiveServer,
+    ServiceMode,
+    fast_job_files,
+    hold_hook,
+    is_problem,
+    wait_for,
+)
 from .test_cli import ANSI, run_in_terminal
 
 MODEL = examples.path("vit-mnist-un")
+SERVER_ENV = {"EDGE_UN_WORKERS": "1"}  # the conftest's server, token
 
 
 def sha256(path: Path) -> str:
@@ -35,15 +44,9 @@ def sha256(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    live = LiveServer(tmp_path_factory.mktemp("client") / "data", EDGE_UN_WORKERS="1").start()
-    yield live
-    live.stop()
-
-
-@pytest.fixture(scope="module")
-def token(server: LiveServer) -> str:
-    return server.token("client")
+def service_mode() -> ServiceMode:
+    """The conftest's server in the local queue mode only (the client only speaks HTTP)."""
+    return ServiceMode("local")
 
 
 @pytest.fixture(scope="module")

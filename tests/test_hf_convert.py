@@ -196,7 +196,7 @@ def test_the_hf_bert_onnx_export_converts_over_http(bert: dict, tmp_path: Path) 
     server (local queue) as model + model_data with the two-array .npz files: the job runs the
     one pipeline the CLI test above ran for every target (here cpu and tda4vm, the quick ones)
     and its report names both inputs."""
-    from .service_live import ServiceMode, wait_for
+    from .service_live import ServiceMode, converted
 
     server = ServiceMode("local").server(tmp_path / "data", EDGE_UN_WORKERS="1")
     server.start()
@@ -208,10 +208,7 @@ def test_the_hf_bert_onnx_export_converts_over_http(bert: dict, tmp_path: Path) 
             for field, name in zip(fields, names, strict=True)
         ]
         with server.client(server.token("hf")) as client:
-            response = client.post("/v1/conversions", files=parts, data={"targets": "cpu,tda4vm"})
-            assert response.status_code == 202, response.text
-            done = wait_for(client, response.json()["id"], ("succeeded",), timeout=600)
-            report = client.get(f"/v1/conversions/{done['id']}/report").json()
+            _, report = converted(client, parts, "cpu,tda4vm", timeout=600)
     finally:
         server.stop()
     assert [i["name"] for i in report["model"]["inputs"]] == ["input_ids", "attention_mask"]

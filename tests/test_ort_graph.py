@@ -11,32 +11,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from converters.pipeline import export_folded, load_and_fold
-from edge_un import examples
-from quant.data import checkpoint_samples
 from quant.drift import measure_drift, onnx_runner
 from quant.ort_graph import float_inputs, linear_as_gemm
 from quant.ort_int8 import quantize_onnx
 from quant.targets import DEFAULT_MIN_AGREEMENT, PROFILES
 
 CPU = PROFILES["cpu"]
-
-
-@pytest.fixture(scope="module")
-def vit(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    directory = tmp_path_factory.mktemp("ort_graph")
-    folded = load_and_fold(examples.path("vit-mnist-un"))
-    fp32 = directory / "fp32.onnx"
-    export_folded(folded, fp32, opset=CPU.opset, dynamic_batch=True)
-    return {
-        "dir": directory,
-        "fp32": fp32,
-        "calibration": checkpoint_samples(folded.info, "train", 128),
-        "evaluation": checkpoint_samples(folded.info, "test").head(300),
-    }
 
 
 def ops(model: onnx.ModelProto) -> Counter:
@@ -53,8 +35,8 @@ def ort_optimized(path: Path, out: Path) -> onnx.ModelProto:
     return onnx.load(str(out))
 
 
-def test_linear_as_gemm_computes_the_same_function(vit: dict) -> None:
-    model = onnx.load(str(vit["fp32"]))
+def test_linear_as_gemm_computes_the_same_function(vit_onnx: dict) -> None:
+    model = onnx.load(str(vit_onnx["fp32"]["cpu"]))
     before = ops(model)
     count = linear_as_gemm(model)
     after = ops(model)
@@ -64,11 +46,14 @@ def test_linear_as_gemm_computes_the_same_function(vit: dict) -> None:
     assert after["MatMul"] == before["MatMul"] - count
     assert after["Add"] == before["Add"] - count
     onnx.checker.check_model(model, full_check=True)
-    rewritten = vit["dir"] / "gemm.onnx"
+    rewritten = vit_onnx["dir"] / "gemm.onnx"
     onnx.save(model, str(rewritten))
-    inputs = vit["evaluation"].inputs[:64]  # a batch of 64: the dynamic axis still works
+    inputs = vit_onnx["evaluation"].inputs[:64]  # a batch of 64: the dynamic axis still works
     np.testing.assert_allclose(
-        onnx_runner(rewritten)(inputs), onnx_runner(vit["fp32"])(inputs), rtol=1e-4, atol=1e-4
+        onnx_runner(rewritten)(inputs),
+        onnx_runner(vit_onnx["fp32"]["cpu"])(inputs),
+        rtol=1e-4,
+        atol=1e-4,
     )
 
 
@@ -91,10 +76,10 @@ def test_linear_as_gemm_leaves_a_matmul_whose_output_is_read_twice() -> None:
     assert ops(model) == Counter({"MatMul": 1, "Add": 1, "Mul": 1})
 
 
-def test_float_inputs_keep_the_matrix_products_integer_and_ort_fuses_them(vit: dict) -> None:
-    plain = vit["dir"] / "plain.onnx"
-    quantize_onnx(vit["fp32"], plain, dataclasses.replace(CPU, float_inputs=frozenset()),
-                  vit["calibration"])  # fmt: skip
+def test_float_inputs_keep_the_matrix_products_integer_and_ort_fuses_them(vit_onnx: dict) -> None:
+    plain = vit_onnx["dir"] / "plain.onnx"
+    no_float_inputs = dataclasses.replace(CPU, float_inputs=frozenset())
+    quantize_onnx(vit_onnx["fp32"]["cpu"], plain, no_float_inputs, vit_onnx["calibration"])
     model = onnx.load(str(plain))
     assert float_inputs(model, {"Softmax", "Gelu"}) == 8  # 4 blocks x (Softmax, GELU)
     producers = {out: node for node in model.graph.node for out in node.output}
@@ -105,19 +90,19 @@ def test_float_inputs_keep_the_matrix_products_integer_and_ort_fuses_them(vit: d
             assert all(producers[name].op_type == "DequantizeLinear" for name in node.input)
     read = {name for node in model.graph.node for name in node.input}
     assert all(init.name in read for init in model.graph.initializer)  # no orphan scales
-    rewired = vit["dir"] / "rewired.onnx"
+    rewired = vit_onnx["dir"] / "rewired.onnx"
     onnx.save(model, str(rewired))
-    before = ops(ort_optimized(plain, vit["dir"] / "plain.opt.onnx"))
-    after = ops(ort_optimized(rewired, vit["dir"] / "rewired.opt.onnx"))
+    before = ops(ort_optimized(plain, vit_onnx["dir"] / "plain.opt.onnx"))
+    after = ops(ort_optimized(rewired, vit_onnx["dir"] / "rewired.opt.onnx"))
     assert before["QLinearSoftmax"] == 4 and after["QLinearSoftmax"] == 0
     assert after["Softmax"] == 4 and after["MatMulIntegerToFloat"] == 4
 
 
-def test_the_cpu_file_with_the_speed_rewrites_stays_within_the_bars(vit: dict) -> None:
-    path = vit["dir"] / "cpu.onnx"
-    quantize_onnx(vit["fp32"], path, CPU, vit["calibration"])
-    evaluation = vit["evaluation"]
-    reference = onnx_runner(vit["fp32"])(evaluation.inputs)
+def test_the_cpu_file_with_the_speed_rewrites_stays_within_the_bars(vit_onnx: dict) -> None:
+    path = vit_onnx["dir"] / "cpu.onnx"
+    quantize_onnx(vit_onnx["fp32"]["cpu"], path, CPU, vit_onnx["calibration"])
+    evaluation = vit_onnx["evaluation"]
+    reference = onnx_runner(vit_onnx["fp32"]["cpu"])(evaluation.inputs)
     # The bar on the file's exact arithmetic (what the pipeline's bars act on), the same on
     # every host; and on this host's fused int8 kernels, which the rewrites are for: 7-bit
     # weights cannot saturate ORT's AVX2 kernels without VNNI either (tests/test_int8_hosts.py

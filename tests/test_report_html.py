@@ -9,39 +9,30 @@ console errors and no request beyond the page itself. Under CI=true a missing br
 from __future__ import annotations
 
 import html
-import os
 import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import ClassVar
 
 import pytest
-import torch
 
 from quant.report import Report
 from quant.targets import parse_targets
 from service.report_html import render_report_html
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
+BROWSER_WINDOW = "1280,2000"  # the window of the conftest's browser
 HOSTILE = '<img src="http://evil.example/x.png" onerror="alert(1)">$x$</td>'
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> Report:
+def report(tmp_path_factory: pytest.TempPathFactory, one_thread: None) -> Report:
     from edge_un import examples
     from quant.pipeline import convert
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        out = tmp_path_factory.mktemp("report")
-        return convert(examples.path("vit-mnist-un"), targets=parse_targets("cpu,imx93"),
-                       out_dir=out, latency_runs=10)  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
+    out = tmp_path_factory.mktemp("report")
+    return convert(examples.path("vit-mnist-un"), targets=parse_targets("cpu,imx93"), out_dir=out,
+                   latency_runs=10)  # fmt: skip
 
 
 def hostile_variant(report: Report) -> Report:
@@ -77,7 +68,8 @@ class _Pages(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[tuple[str, type[_Pages]]]:
+def page_server() -> Iterator[tuple[str, type[_Pages]]]:
+    """A local HTTP server of the pages in ``_Pages.pages``, recording every request."""
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -86,35 +78,9 @@ def server() -> Iterator[tuple[str, type[_Pages]]]:
     httpd.server_close()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not (Path(p).is_file() and
-                                                          os.access(p, os.X_OK))]  # fmt: skip
-    if missing:
-        reason = f"{', '.join(missing)} missing: apt-get install chromium chromium-driver"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and {reason}")
-        pytest.skip(reason)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    arguments = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1280,2000", "--no-first-run", "--disable-extensions"]  # fmt: skip
-    for argument in arguments:
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    # The driver path given: selenium skips Selenium Manager (which would download a driver).
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(60)
-    yield driver
-    driver.quit()
-
-
-def open_page(browser, server, name: str, page: str) -> list[dict]:
+def open_page(browser, page_server, name: str, page: str) -> list[dict]:
     """Load ``page`` over HTTP; the browser's log entries for it."""
-    base, pages = server
+    base, pages = page_server
     pages.pages[f"/{name}"] = page.encode()
     pages.requests.clear()
     browser.get_log("browser")  # drop earlier entries
@@ -139,11 +105,11 @@ def column(browser, table: str, index: int) -> list[str]:
     )
 
 
-def test_report_page_renders_in_chromium(browser, server, report: Report) -> None:
+def test_report_page_renders_in_chromium(browser, page_server, report: Report) -> None:
     page = render_report_html(report)
-    logs = open_page(browser, server, "report.html", page)
+    logs = open_page(browser, page_server, "report.html", page)
     assert [entry for entry in logs if entry["level"] == "SEVERE"] == []
-    assert server[1].requests == ["/report.html"], "the page made requests of its own"
+    assert page_server[1].requests == ["/report.html"], "the page made requests of its own"
     assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
     assert column(browser, "drift", 0) == list(report.targets)
     assert column(browser, "drift", 1) == ["ok" if t.status == "ok" else "over the bar"
@@ -168,11 +134,11 @@ def test_report_page_renders_in_chromium(browser, server, report: Report) -> Non
     assert report.host.int8_kernels in host and report.host.versions["onnxruntime"] in host
 
 
-def test_hostile_names_stay_text_in_chromium(browser, server, report: Report) -> None:
+def test_hostile_names_stay_text_in_chromium(browser, page_server, report: Report) -> None:
     hostile = hostile_variant(report)
-    logs = open_page(browser, server, "hostile.html", render_report_html(hostile))
+    logs = open_page(browser, page_server, "hostile.html", render_report_html(hostile))
     assert [entry for entry in logs if entry["level"] == "SEVERE"] == []
-    assert server[1].requests == ["/hostile.html"]
+    assert page_server[1].requests == ["/hostile.html"]
     assert browser.execute_script("return document.querySelectorAll('img').length") == 0
     assert browser.execute_script("return document.querySelector('h1').textContent") == (
         f"edge-un conversion: {HOSTILE}"
@@ -193,7 +159,7 @@ def test_page_is_self_contained(report: Report) -> None:
     assert html.escape(HOSTILE) in page and HOSTILE not in page
 
 
-def test_worst_layers_name_the_models_modules(browser, server, report: Report) -> None:
+def test_worst_layers_name_the_models_modules(browser, page_server, report: Report) -> None:
     """Issue 21: each worst-layer row, ONNX and TFLite, carries the module of the user's model
     (from the export's module records; TFLite names mapped back through onnx2tf's tensor map)
     beside the graph's own name, in report.json, report.md and the page."""
@@ -212,7 +178,7 @@ def test_worst_layers_name_the_models_modules(browser, server, report: Report) -
     markdown = summary_markdown(report)  # report.md
     assert all(f"{layer.module} `{layer.name}`" in markdown for t in report.targets.values()
                for layer in t.drift.worst_layers)  # fmt: skip
-    open_page(browser, server, "modules.html", render_report_html(report))
+    open_page(browser, page_server, "modules.html", render_report_html(report))
     for name, target in report.targets.items():
         assert column(browser, f"{name}-worst", 0) == [
             layer.module for layer in target.drift.worst_layers

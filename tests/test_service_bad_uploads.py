@@ -6,27 +6,11 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from .service_live import is_problem
 from .upload_corpus import CASE_NAMES, bad_cases, good_cases
 
 LIMIT_MB = 8  # above every bundled example (the largest is ~2.5 MB)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, service_mode):
-    live = service_mode.server(
-        tmp_path_factory.mktemp("corpus") / "data", EDGE_UN_MAX_UPLOAD_MB=str(LIMIT_MB)
-    )
-    yield live.start()
-    live.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with server.client(server.token()) as client:
-        yield client
+SERVER_ENV = {"EDGE_UN_MAX_UPLOAD_MB": str(LIMIT_MB)}  # the conftest's server, client
 
 
 def _send(client, case):

@@ -21,22 +21,10 @@ from edge_un import examples
 from service import tokens
 from service.db import Token, session_scope
 
-from .service_live import fast_job_files, is_problem, job_processes, upload, wait_for
+from .service_live import converted, fast_data_parts, is_problem, job_processes, upload, wait_for
 
 MODEL = examples.path("vit-mnist-un")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, service_mode):
-    live = service_mode.server(tmp_path_factory.mktemp("e2e") / "data", EDGE_UN_WORKERS="1")
-    live.start()
-    yield live
-    live.stop()
-
-
-@pytest.fixture(scope="module")
-def token(server) -> str:
-    return server.token("alice")
+SERVER_ENV = {"EDGE_UN_WORKERS": "1"}  # the conftest's server, token
 
 
 @pytest.fixture(scope="module")
@@ -139,21 +127,15 @@ def test_onnx_export_with_external_data_converts(server, tmp_path):
         size_threshold=0,
     )
     assert (split / "model.onnx.data").stat().st_size > 100_000  # the weights are out there
-    data = fast_job_files()  # calibration and evaluation samples of the example's data set
     parts = [
         ("model", ("model.onnx", (split / "model.onnx").read_bytes())),
         ("model_data", ("model.onnx.data", (split / "model.onnx.data").read_bytes())),
-        ("calib", ("calib.npz", data["calib"].read_bytes())),
-        ("eval", ("eval.npz", data["eval"].read_bytes())),
+        *fast_data_parts(),  # calibration and evaluation samples of the example's data set
     ]
     with server.client(server.token("carol")) as client:
-        response = client.post("/v1/conversions", files=parts, data={"targets": "cpu"})
-        assert response.status_code == 202, response.text
-        job = response.json()
-        assert job["inputs"]["model_format"] == "onnx"
-        assert job["inputs"]["bytes"] == sum(len(part[1][1]) for part in parts)
-        done = wait_for(client, job["id"], ("succeeded",))
-        report = client.get(f"/v1/conversions/{done['id']}/report").json()
+        job, report = converted(client, parts)
+    assert job["inputs"]["model_format"] == "onnx"
+    assert job["inputs"]["bytes"] == sum(len(part[1][1]) for part in parts)
     assert report["targets"]["cpu"]["status"] in ("ok", "over_bar"), report["targets"]["cpu"]
     assert not (server.data_dir / "uploads" / job["id"]).exists()  # data file removed too
 
@@ -168,22 +150,14 @@ def test_a_hugging_face_directory_as_a_zip_converts(server, tmp_path):
         for path in source.iterdir():
             bundle.write(path, f"my-vit/{path.name}")
         bundle.writestr("my-vit/tokenizer.json", "{}")
-    data = fast_job_files()  # 'inputs' names the one input of a one-input model
-    parts = [
-        ("model", ("my-vit.zip", archive.read_bytes())),
-        ("calib", ("calib.npz", data["calib"].read_bytes())),
-        ("eval", ("eval.npz", data["eval"].read_bytes())),
-    ]
+    # 'inputs' names the one input of a one-input model
+    parts = [("model", ("my-vit.zip", archive.read_bytes())), *fast_data_parts()]
     with server.client(server.token("dave")) as client:
-        response = client.post("/v1/conversions", files=parts, data={"targets": "cpu"})
-        assert response.status_code == 202, response.text
-        job = response.json()
-        assert job["inputs"]["model_format"] == "hf" and job["inputs"]["model"] == "my-vit.zip"
-        done = wait_for(client, job["id"], ("succeeded",))
-        report = client.get(f"/v1/conversions/{done['id']}/report").json()
+        job, report = converted(client, parts)
         cpu = report["targets"]["cpu"]
         onnx_file = next(a for a in cpu["artifacts"] if a["name"].endswith("int8.onnx"))
-        int8 = client.get(f"/v1/conversions/{done['id']}/artifacts/{onnx_file['name']}")
+        int8 = client.get(f"/v1/conversions/{job['id']}/artifacts/{onnx_file['name']}")
+    assert job["inputs"]["model_format"] == "hf" and job["inputs"]["model"] == "my-vit.zip"
     assert report["model"]["source_format"] == "hf", report["model"]
     assert [i["name"] for i in report["model"]["inputs"]] == ["pixel_values"]
     assert cpu["status"] == "ok", cpu

@@ -4,28 +4,12 @@ bars, oversize uploads, bad ranges. Nothing a client sends gets a 5xx or leaves 
 
 from __future__ import annotations
 
-import pytest
-
 from edge_un import examples
 
 from .service_live import is_problem, upload
 
 MODEL = examples.path("vit-mnist-un")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, service_mode):
-    live = service_mode.server(
-        tmp_path_factory.mktemp("errors") / "data", EDGE_UN_MAX_UPLOAD_MB="1"
-    )
-    yield live.start()
-    live.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with server.client(server.token()) as client:
-        yield client
+SERVER_ENV = {"EDGE_UN_MAX_UPLOAD_MB": "1"}  # the conftest's server, client
 
 
 def test_unknown_routes_and_methods(client):

@@ -8,15 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, service_mode):
-    live = service_mode.server(tmp_path_factory.mktemp("schema") / "data").start()
-    yield live
-    live.stop()
-
 
 def test_no_5xx_for_anything_schemathesis_sends(server, tmp_path):
     token = server.token("schemathesis")

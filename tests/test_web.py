@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -22,55 +20,16 @@ import pytest
 from edge_un import examples
 from service.report_html import CSP
 
-from .servers import missing
-from .service_live import LiveServer, is_problem, upload_fast, wait_for
+from .service_live import LiveServer, ServiceMode, is_problem, upload_fast, wait_for
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 MODEL = examples.path("vit-mnist-un")
+SERVER_ENV = {"EDGE_UN_WORKERS": "1"}  # the conftest's server (and its browser, downloads)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    live = LiveServer(tmp_path_factory.mktemp("web") / "data", EDGE_UN_WORKERS="1").start()
-    yield live
-    live.stop()
-
-
-@pytest.fixture(scope="module")
-def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("downloads")
-
-
-@pytest.fixture(scope="module")
-def browser(downloads: Path) -> Iterator[object]:
-    absent = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
-    if absent:
-        missing(f"{', '.join(absent)} missing: apt-get install chromium chromium-driver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    # as tests/test_report_html.py; a laptop's screen; nothing of Chrome's own goes out
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1366,768", "--no-first-run", "--disable-extensions",
-                     "--disable-background-networking", "--disable-component-update",
-                     "--disable-sync", "--disable-default-apps"):  # fmt: skip
-        options.add_argument(argument)
-    options.add_experimental_option(
-        "prefs",
-        {"download.default_directory": str(downloads), "download.prompt_for_download": False},
-    )
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    # the driver's path given: Selenium Manager (which downloads drivers) never runs
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.execute_cdp_cmd(
-        "Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)}
-    )
-    driver.set_page_load_timeout(60)
-    yield driver
-    driver.quit()
+def service_mode() -> ServiceMode:
+    """The conftest's server in the local queue mode only (the web pages only speak HTTP)."""
+    return ServiceMode("local")
 
 
 def text(browser, selector: str) -> str | None:
