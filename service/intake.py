@@ -1,9 +1,10 @@
 """Accepting a conversion: stream the form's files to disk, check everything, queue the job.
 
 Nothing is queued until every check passed: the form's fields, the targets (by name, against
-``quant.targets``), the drift bar, and the files' contents (``service.upload_checks``, by content).
-A refused request leaves nothing behind. Files get server-chosen names (the client's names are
-labels); the model's suffix is the format its content showed, which is what the pipeline reads.
+``quant.targets``), the drift bar, and the files' contents (``service.upload_checks``, by
+content). A refused request raises :class:`~service.errors.UploadRejected` and leaves nothing
+behind. Files get server-chosen names, their form fields' (the client's names are labels); the
+model's format is what its content showed, recorded with the job (``uploads.stored_model``).
 The one exception is ``model_data`` (repeatable): an ONNX model's external data files, which the
 model refers to by name, so each is stored beside it under exactly the name it references.
 """
