@@ -7,7 +7,7 @@ import contextlib
 import httpx
 from pydantic import ValidationError
 
-from ..api.schemas import Problem
+from ..api.schemas import ProblemDetails
 
 
 class ServiceError(Exception):
@@ -15,7 +15,7 @@ class ServiceError(Exception):
     ``detail`` when the server sent one (``problem``), else what went wrong on the way."""
 
     def __init__(
-        self, message: str, *, status: int | None = None, problem: Problem | None = None
+        self, message: str, *, status: int | None = None, problem: ProblemDetails | None = None
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -30,7 +30,7 @@ def problem_error(response: httpx.Response) -> ServiceError:
     """The ServiceError for an error response: its problem+json, or a summary of the body."""
     problem = None
     with contextlib.suppress(ValueError, ValidationError):
-        problem = Problem.model_validate(response.json())
+        problem = ProblemDetails.model_validate(response.json())
     if problem is not None:
         message = f"{problem.detail} (HTTP {response.status_code} {problem.title})"
     else:
