@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from edge_un import data
+from service.local_stack import QUEUE_MODES, ServiceMode
 
 from .builders import trained_small_model
 from .servers import postgres_server, redis_server  # noqa: F401  (session fixtures)
-from .service_live import QUEUE_MODES, ServiceMode
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """service.client.Client and ``edge-un submit / jobs / status / download / cancel`` against a
-real server (tests/service_live.py, local queue mode: the client only speaks HTTP, and the
+real server (service.local_stack, local queue mode: the client only speaks HTTP, and the
 end-to-end tests cover both queue modes), plus the retry policy on a scripted transport.
 
 The acceptance of issue 21: one command, ``edge-un submit MODEL --wait --download DIR``, gives
@@ -23,8 +23,9 @@ import pytest
 from edge_un import examples
 from service.api.schemas import JobOut
 from service.client import Client, ServiceError
+from service.local_stack import LiveServer, fast_job_files, wait_for
 
-from .service_live import ROOT, LiveServer, fast_job_files, hold_hook, is_problem, wait_for
+from .service_live import ROOT, hold_hook, is_problem
 from .test_cli import ANSI, run_in_terminal
 
 MODEL = examples.path("vit-mnist-un")

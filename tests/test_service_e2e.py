@@ -20,8 +20,9 @@ from sqlalchemy import select
 from edge_un import examples
 from service import tokens
 from service.db import Token, session_scope
+from service.local_stack import fast_job_files, upload, wait_for
 
-from .service_live import fast_job_files, is_problem, job_processes, upload, wait_for
+from .service_live import is_problem, job_processes
 
 MODEL = examples.path("vit-mnist-un")
 

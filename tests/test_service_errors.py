@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from edge_un import examples
+from service.local_stack import upload
 
-from .service_live import is_problem, upload
+from .service_live import is_problem
 
 MODEL = examples.path("vit-mnist-un")
 

@@ -20,10 +20,11 @@ import httpx
 import pytest
 
 from edge_un import examples
+from service.local_stack import LiveServer, upload_fast, wait_for
 from service.report_html import CSP
 
 from .servers import missing
-from .service_live import LiveServer, is_problem, upload_fast, wait_for
+from .service_live import is_problem
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
