@@ -1,8 +1,8 @@
 """The cpu target's int8 recipe for every host: which weights and activations compute the same
 with and without VNNI, at what accuracy and speed.
 
-    .venv/bin/python benchmarks/cpu_recipe.py                # ~8 min on 2 cores
-    .venv/bin/python benchmarks/cpu_recipe.py --report-only  # Markdown and plot from the JSON
+    .venv/bin/python -m benchmarks.cpu_recipe                # ~8 min on 2 cores
+    .venv/bin/python -m benchmarks.cpu_recipe --report-only  # Markdown and plot from the JSON
 
 ONNX Runtime's x86 u8s8 (and s8s8) kernels without VNNI add pairs of u8 x s8 products into
 int16 (VPMADDUBSW), which saturates with 8-bit weights. Candidates, each the cpu profile with one
@@ -36,9 +36,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import onnxruntime as ort
 import torch
-from results_main import RESULTS, benchmark_main
 
 import edge_un
+from benchmarks.results_main import benchmark_main, save_figure
 from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
 from edge_un.models import VisionTransformer
@@ -168,7 +168,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# The cpu target's int8 recipe on hosts with and without VNNI",
         "",
-        "Made by `benchmarks/cpu_recipe.py` on "
+        "Made by `python -m benchmarks.cpu_recipe` on "
         f"**{host.label()}** ({host.int8_kernels}); ONNX Runtime "
         f"{host.versions.get('onnxruntime')}. Agreement = top-1 agreement with the fp32 ONNX "
         "model on the held-out test split (drop in points in brackets); exact = the QDQ graph as "
@@ -226,12 +226,11 @@ def plot(results: dict[str, Any]) -> None:
     np.atleast_1d(axes)[0].legend(fontsize=7, loc="lower left")
     figure.suptitle(f"cpu recipe candidates on {results['host']['cpu']} "
                     f"({', '.join(results['host']['int8_features']) or 'no AVX2'})")  # fmt: skip
-    figure.tight_layout()
-    figure.savefig(RESULTS / f"{NAME}.png", dpi=120)
+    save_figure(figure, NAME)
 
 
 def main() -> None:
-    benchmark_main(NAME, __doc__.splitlines()[0], run, markdown, plot)
+    benchmark_main(NAME, __doc__, run, markdown, plot)
 
 
 if __name__ == "__main__":

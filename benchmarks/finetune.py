@@ -17,26 +17,24 @@ so the benchmark resumes after a kill):
   report     rewrite finetune.md and the plots from the JSON
 
 Every produced checkpoint goes to benchmarks/results/candidates/<id>.safetensors. int8 quality
-is benchmarks/int8_ort.py: QDQ, per-channel s8 weights, symmetric s8 activations, MinMax on 256
+is benchmarks.int8_ort: QDQ, per-channel s8 weights, symmetric s8 activations, MinMax on 256
 training samples, 1000 test samples. One training process with one thread at a time.
 
-Usage:  python benchmarks/finetune.py migrate --task vit-mnist --seeds 0 1 2 --epochs 20
+Usage:  python -m benchmarks.finetune migrate --task vit-mnist --seeds 0 1 2 --epochs 20
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.results_main import RESULTS
 
-RESULTS = Path(__file__).parent / "results"
 CANDIDATES = RESULTS / "candidates"
 JSON_PATH = RESULTS / "finetune.json"
 MD_PATH = RESULTS / "finetune.md"
@@ -155,11 +153,8 @@ def migrate_stage(task: str, seeds: list[int], epochs: int, lr: float, labels_on
 def zero_stage(task: str) -> None:
     """Swap LN for UN and measure the statistics from data, with no fine-tuning at all: what
     migrate's initialisation alone gives (its 'before fine-tune' point)."""
-    import copy
-
     import edge_un
-    from edge_un.finetune import agreement, predict
-    from edge_un.finetune.migrate import _fill_windows, _record_norm_in_config
+    from edge_un.finetune import agreement, migration_student, predict
     from edge_un.finetune.model_runs import load_finetune_data
 
     run_id = f"zero-{task}"
@@ -167,11 +162,7 @@ def zero_stage(task: str) -> None:
         return
     model, info = edge_un.load_checkpoint(_source(f"{task}-ln"))
     data = load_finetune_data(info)
-    student = copy.deepcopy(model)
-    edge_un.swap_layernorm(student, "un")
-    _record_norm_in_config(student, "un", {})
-    edge_un.recalibrate(student, data.inputs, batches=20)
-    _fill_windows(student)
+    student, _, _ = migration_student(model, data.inputs, "un", batches=20)
     test_x, test_y = data.test
     logits, teacher = predict(student, test_x), predict(model, test_x)
     out = edge_un.save_checkpoint(student, CANDIDATES / f"{run_id}.safetensors", {

@@ -1,4 +1,4 @@
-"""Markdown tables and plots for benchmarks/finetune.py (kept apart: the runner stays small)."""
+"""Markdown tables and plots for benchmarks.finetune (kept apart: the runner stays small)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Hugging Face LayerNorm models to int8 on every target: migrate -> int8-ready -> convert.
 
-    .venv/bin/python benchmarks/hf_migrate.py                # ~90 min on 2 cores
-    .venv/bin/python benchmarks/hf_migrate.py --report-only  # Markdown and plot from the JSON
+    .venv/bin/python -m benchmarks.hf_migrate                # ~90 min on 2 cores
+    .venv/bin/python -m benchmarks.hf_migrate --report-only  # Markdown and plot from the JSON
 
 A small ``ViTForImageClassification`` (MNIST-5k) and ``BertForSequenceClassification`` (Rotten
 Tomatoes), trained with LayerNorm on the data that ships in wheels
@@ -33,9 +33,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from results_main import RESULTS, benchmark_main
 
 import edge_un
+from benchmarks.results_main import benchmark_main, save_figure
 from edge_un import examples
 from quant.host import describe_host
 from quant.report import Report
@@ -146,9 +146,10 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Hugging Face LayerNorm models through migrate, int8-ready and convert",
         "",
-        f"Made by `benchmarks/hf_migrate.py` on {host.label()}. fp32 top-1 on the held-out test "
-        "split; pure int8 = the file before any 16-bit fallback, top-1 agreement with fp32 / "
-        "top-1 drop, in each target's arithmetic. Bars: migrated within 0.5 pt of its teacher; "
+        f"Made by `python -m benchmarks.hf_migrate` on {host.label()}. fp32 top-1 on the "
+        "held-out test split; pure int8 = the file before any 16-bit fallback, top-1 agreement "
+        "with fp32 / top-1 drop, in each target's arithmetic. Bars: migrated within 0.5 pt of "
+        "its teacher; "
         f"int8 drop <= {DEFAULT_MAX_DRIFT} pt and agreement >= "
         f"{100 * DEFAULT_MIN_AGREEMENT:.0f} %.",
         "",
@@ -192,12 +193,11 @@ def plot(results: dict[str, Any]) -> None:
         axis.set_title(f"HF {model}: pure int8 agreement after int8-ready")
         axis.set_ylabel("top-1 agreement with fp32 (%)")
         axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(RESULTS / f"{NAME}.png", dpi=120)
+    save_figure(figure, NAME)
 
 
 def main() -> None:
-    benchmark_main(NAME, __doc__.splitlines()[0], run, markdown, plot)
+    benchmark_main(NAME, __doc__, run, markdown, plot)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Converting the Hugging Face models people deploy: BERT-base and ViT-B/16 sizes, every target.
 
-    .venv/bin/python benchmarks/hf_scale.py                # ~1 h on 2 cores
-    .venv/bin/python benchmarks/hf_scale.py --report-only  # Markdown and plot from the JSON
+    .venv/bin/python -m benchmarks.hf_scale                # ~1 h on 2 cores
+    .venv/bin/python -m benchmarks.hf_scale --report-only  # Markdown and plot from the JSON
 
 Random weights (timing and memory only; accuracy needs trained models): a
 ``BertForSequenceClassification`` of BERT-base's size (hidden 768, 12 layers, 12 heads, FFN
@@ -11,7 +11,7 @@ with UN in place of LayerNorm (``edge_un.swap_layernorm``), exported as users do
 (``torch.onnx.export`` defaults, batch 1), converted by ``edge-un convert`` for every target
 with the HTTP service's default job limits: address space ``EDGE_UN_JOB_MEMORY_MB`` and wall
 time ``EDGE_UN_JOB_TIMEOUT_S`` (``service.settings``). Each conversion runs in
-``benchmarks/latency_stages.py`` (a process of its own): stage wall times from the progress
+``benchmarks.latency_stages`` (a process of its own): stage wall times from the progress
 callback, peak RSS of the process tree sampled every 0.2 s.
 """
 
@@ -35,14 +35,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from results_main import RESULTS, benchmark_main
 
 import edge_un
+from benchmarks.results_main import benchmark_main, save_figure
 from quant.host import describe_host
 from service.settings import Settings
 
 NAME = "hf_scale"
-STAGES = Path(__file__).resolve().parent / "latency_stages.py"
+STAGES = [sys.executable, "-m", "benchmarks.latency_stages"]  # one conversion, timed
 CALIBRATION, EVALUATION = 64, 100  # the pipeline's minimum for evaluation is 100
 # Random weights have no accuracy to keep: their near-tied logits would send every target through
 # the whole 16-bit fallback (cpu: 4, 8, ... every tensor, each step a new quantization and exact
@@ -106,8 +106,8 @@ def convert(onnx_path: Path, calib: Path, evaluation: Path, work: Path, settings
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            [sys.executable, str(STAGES), str(onnx_path), str(work / f"{onnx_path.stem}-out"),
-             str(result), "--calib", str(calib), "--eval", str(evaluation), *NO_BARS],
+            [*STAGES, str(onnx_path), str(work / f"{onnx_path.stem}-out"), str(result),
+             "--calib", str(calib), "--eval", str(evaluation), *NO_BARS],
             preexec_fn=limits, capture_output=True, text=True, timeout=settings.job_timeout_s,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
@@ -153,8 +153,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Converting BERT-base- and ViT-B/16-sized Hugging Face models, every target",
         "",
-        f"Made by `benchmarks/hf_scale.py` on {host.label()}, random weights, UN in place of "
-        f"LayerNorm, `torch.onnx.export` defaults, batch 1; {CALIBRATION} calibration and "
+        f"Made by `python -m benchmarks.hf_scale` on {host.label()}, random weights, UN in "
+        f"place of LayerNorm, `torch.onnx.export` defaults, batch 1; {CALIBRATION} calibration and "
         f"{EVALUATION} evaluation samples; drift bars off (random weights have no accuracy to "
         "keep: each target is built and measured once, with no 16-bit fallback; one fallback "
         "step costs about what a target's quantize stage costs); under the service's default "
@@ -200,12 +200,11 @@ def plot(results: dict[str, Any]) -> None:
         axis.barh(list(targets), list(targets.values()))
         axis.set_xlabel("seconds")
         axis.set_title(f"{name}: wall time per target")
-    figure.tight_layout()
-    figure.savefig(RESULTS / f"{NAME}.png", dpi=120)
+    save_figure(figure, NAME)
 
 
 def main() -> None:
-    benchmark_main(NAME, __doc__.splitlines()[0], run, markdown, plot)
+    benchmark_main(NAME, __doc__, run, markdown, plot)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Latency, memory and conversion time of UN vs its LayerNorm twin, and this machine's limit.
 
-    .venv/bin/python benchmarks/latency.py            # everything, ~25 min on 2 cores
-    .venv/bin/python benchmarks/latency.py --quick    # vit-mnist only, fewer rounds (a test)
-    .venv/bin/python benchmarks/latency.py --report-only   # Markdown and plots from the JSON
+    .venv/bin/python -m benchmarks.latency            # everything, ~25 min on 2 cores
+    .venv/bin/python -m benchmarks.latency --quick    # vit-mnist only, fewer rounds (a test)
+    .venv/bin/python -m benchmarks.latency --report-only   # Markdown and plots from the JSON
 
 Models: ViT-Tiny (224x224 RGB, patch 16, dim 192, depth 12, heads 3, random weights: timing
 only) as an LN twin and a UN model, and the bundled examples vit-mnist-ln/-un, text-rt-ln/-un.
@@ -12,14 +12,14 @@ Artifacts are made with the project's own code: ``converters.pipeline`` (fold, e
 ``quant.tflite.convert_tflite`` (onnx2tf + TensorFlow's converter, full int8 and its fp32
 file) and ``quant.vela`` (imx93's Ethos-U65-256 config).
 
-Each configuration runs in its own worker process (``latency_worker.py``), all workers of a
+Each configuration runs in a probe process of its own (``latency_probe``), all probes of a
 model alive at once; the parent goes round-robin over configurations for several rounds, so
-drift of the machine hits all alike: batch 1 with 1 and 2 threads first, then each worker's
+drift of the machine hits all alike: batch 1 with 1 and 2 threads first, then each probe's
 peak RSS is read, then batch 32 with 2 threads. The int8 and fp32 matrix-multiply peaks (a
 1024^3 MatMul / MatMulInteger / QLinearMatMul through ONNX Runtime, 1 and 2 threads) are
 measured the same way before and after the models. Then ``quant.pipeline.convert`` (all
-targets) runs on each UN model in a fresh process, timed stage by stage (``latency_stages.py``).
-Writes benchmarks/results/latency.json, latency.md and latency_*.png (``latency_report.py``).
+targets) runs on each UN model in a fresh process, timed stage by stage (``latency_stages``).
+Writes benchmarks/results/latency.json, latency.md and latency_*.png (``latency_report``).
 """
 
 from __future__ import annotations
@@ -31,34 +31,29 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import edge_un
+from benchmarks.latency_ops import PEAK_SIZE, count_macs, peak_graphs
+from benchmarks.latency_report import write_report
+from benchmarks.results_main import RESULTS, ROOT
+from converters.pipeline import export_folded, load_and_fold
+from edge_un import examples
+from edge_un.models import VisionTransformer
+from quant.data import CALIBRATION_SAMPLES, Samples, as_feeds, checkpoint_samples
+from quant.host import describe_host
+from quant.latency import thread_counts
+from quant.ort_int8 import quantize_onnx
+from quant.targets import PROFILES
+from quant.tflite import convert_tflite
+from quant.vela import compile_vela
 
-from latency_ops import PEAK_SIZE, count_macs, peak_graphs  # noqa: E402
-
-import edge_un  # noqa: E402
-from converters.pipeline import export_folded, load_and_fold  # noqa: E402
-from edge_un import examples  # noqa: E402
-from edge_un.models import VisionTransformer  # noqa: E402
-from quant import tflite as quant_tflite  # noqa: E402
-from quant.data import CALIBRATION_SAMPLES, Samples, as_feeds, checkpoint_samples  # noqa: E402
-from quant.host import describe_host  # noqa: E402
-from quant.latency import thread_counts  # noqa: E402
-from quant.ort_int8 import quantize_onnx  # noqa: E402
-from quant.targets import PROFILES  # noqa: E402
-from quant.tflite import convert_tflite  # noqa: E402
-from quant.vela import compile_vela  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
 SCRATCH = ROOT / "build" / "latency-bench"
-WORKER = Path(__file__).with_name("latency_worker.py")
-STAGES = Path(__file__).with_name("latency_stages.py")
+PROBE = [sys.executable, "-m", "benchmarks.latency_probe"]
+STAGES = [sys.executable, "-m", "benchmarks.latency_stages"]
 TINY = {
     "img_size": 224,
     "in_chans": 3,
@@ -94,17 +89,6 @@ def load_average() -> list[float]:
 
 
 # ---------------------------------------------------------------- artifacts
-
-
-def _smoke_int8_only(files: Sequence[Path], sample: np.ndarray) -> tuple[str, ...]:
-    """``convert_tflite`` smoke-runs its 16x8 file too; the LN ViT-Tiny's 16x8 file ABORTS the
-    process in LiteRT 2.3 (SIGABRT, no Python exception; vit-mnist-ln's raises). This benchmark
-    never uses the 16x8 file, so only the int8 one is smoke-run here."""
-    return _SMOKE_RUN([f for f in files if "16x8" not in f.name], sample)
-
-
-_SMOKE_RUN = quant_tflite.smoke_run
-quant_tflite.smoke_run = _smoke_int8_only
 
 
 def model_files(name: str, work: Path) -> tuple[Path, np.ndarray, np.ndarray]:
@@ -155,7 +139,10 @@ def build_artifacts(name: str, work: Path, reuse: bool) -> dict[str, Any]:
             Samples(as_feeds(calib), None, "calibration"),
         )
         t2 = time.perf_counter()
-        convert_tflite(files["fp32_b1_onnx"], calib, out / "tflite")
+        # No LiteRT smoke run in this process: LiteRT 2.3 aborts the process (SIGABRT, no
+        # Python exception) on the LN ViT-Tiny's 16x8 file, which this benchmark never uses;
+        # the int8 and fp32 files are run by the probes.
+        convert_tflite(files["fp32_b1_onnx"], calib, out / "tflite", smoke_run=False)
         seconds = {
             "fold_export": t1 - t0,
             "ort_quantize": t2 - t1,
@@ -187,10 +174,12 @@ def build_artifacts(name: str, work: Path, reuse: bool) -> dict[str, Any]:
 # ---------------------------------------------------------------- interleaved timing
 
 
-class Worker:
+class Probe:
+    """One configuration's ``latency_probe`` process, asked one JSON command at a time."""
+
     def __init__(self, kind: str, model: str, inputs: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), kind, model, inputs],
+            [*PROBE, kind, model, inputs],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -200,7 +189,7 @@ class Worker:
     def read(self) -> dict[str, Any]:
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"worker {self.proc.args[2:4]} died")
+            raise RuntimeError(f"probe {self.proc.args[len(PROBE) : len(PROBE) + 2]} died")
         return json.loads(line)
 
     def ask(self, **command: Any) -> dict[str, Any]:
@@ -225,20 +214,20 @@ def summarize(samples: list[float], batch: int) -> dict[str, float]:
 
 
 def interleaved(
-    workers: dict[str, Worker],
+    probes: dict[str, Probe],
     settings: list[tuple[int, int, float, int]],
     rounds: int,
     min_runs: int = 5,
 ) -> dict[str, dict[str, list[float]]]:
-    """Round-robin: in each round every setting, in it every worker (the order rotates)."""
-    pooled: dict[str, dict[str, list[float]]] = {name: {} for name in workers}
-    names = list(workers)
+    """Round-robin: in each round every setting, in it every probe (the order rotates)."""
+    pooled: dict[str, dict[str, list[float]]] = {name: {} for name in probes}
+    names = list(probes)
     for r in range(rounds):
         for threads, batch, budget, warmup in settings:
             key = f"b{batch}_t{threads}"
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 first = warmup if r == 0 else 1
-                reply = workers[name].ask(
+                reply = probes[name].ask(
                     threads=threads, batch=batch, budget_s=budget, warmup=first, min_runs=min_runs
                 )
                 pooled[name].setdefault(key, []).extend(reply["samples_ms"])
@@ -246,13 +235,13 @@ def interleaved(
 
 
 def measure_peaks(graphs: dict[str, tuple[Path, Path, str]], rounds: int) -> dict[str, Any]:
-    workers = {name: Worker("ort", str(p), str(i)) for name, (p, i, _) in graphs.items()}
+    probes = {name: Probe("ort", str(p), str(i)) for name, (p, i, _) in graphs.items()}
     try:
         settings = [(t, 1, 0.4, 2) for t in thread_counts()]
-        pooled = interleaved(workers, settings, rounds)
+        pooled = interleaved(probes, settings, rounds)
     finally:
-        for worker in workers.values():
-            worker.close()
+        for probe in probes.values():
+            probe.close()
     macs = PEAK_SIZE**3
     result: dict[str, Any] = {}
     for name, per in pooled.items():
@@ -270,20 +259,20 @@ def measure_pair(
 ) -> dict[str, Any]:
     ln, un = PAIRS[pair]
     names = {"ln": ln, "un": un}
-    workers: dict[str, Worker] = {}
+    probes: dict[str, Probe] = {}
     try:
         for label, norm, kind, key in CONFIGS:
             art = artifacts[names[norm]]
-            workers[label] = Worker(kind, art["files"][key], art["inputs"])
-        b1 = interleaved(workers, [(t, 1, budget, 5) for t in thread_counts()], rounds)
-        rss_b1 = {n: w.ask(rss=True)["maxrss_mb"] for n, w in workers.items()}
+            probes[label] = Probe(kind, art["files"][key], art["inputs"])
+        b1 = interleaved(probes, [(t, 1, budget, 5) for t in thread_counts()], rounds)
+        rss_b1 = {n: p.ask(rss=True)["maxrss_mb"] for n, p in probes.items()}
         b32 = interleaved(
-            workers, [(t, 32, b32_budget, 1) for t in thread_counts()], max(2, rounds - 2), 2
+            probes, [(t, 32, b32_budget, 1) for t in thread_counts()], max(2, rounds - 2), 2
         )
-        rss_all = {n: w.ask(rss=True)["maxrss_mb"] for n, w in workers.items()}
+        rss_all = {n: p.ask(rss=True)["maxrss_mb"] for n, p in probes.items()}
     finally:
-        for worker in workers.values():
-            worker.close()
+        for probe in probes.values():
+            probe.close()
     rows = {}
     for label, norm, kind, key in CONFIGS:
         art = artifacts[names[norm]]
@@ -296,7 +285,7 @@ def measure_pair(
             "size_kib": art["size_kib"][key],
             "macs": art["macs"],
             "timing": timings,
-            "rss_imports_mb": round(workers[label].ready["base_rss_mb"], 1),
+            "rss_imports_mb": round(probes[label].ready["base_rss_mb"], 1),
             "peak_rss_b1_mb": round(rss_b1[label], 1),
             "peak_rss_mb": round(rss_all[label], 1),
         }
@@ -310,7 +299,7 @@ def pipeline_stages(name: str, work: Path, calib: np.ndarray) -> dict[str, Any]:
     """``quant.pipeline.convert`` with every target on one UN model, in a fresh process."""
     out, result = work / "convert" / name, work / "convert" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(STAGES), str(model_files(name, work)[0]), str(out), str(result)]
+    cmd = [*STAGES, str(model_files(name, work)[0]), str(out), str(result)]
     if name.startswith("vit-tiny"):  # random weights: no data set, drift bars meaningless
         rng = np.random.default_rng(1)
         np.savez(work / "tiny_calib.npz", inputs=calib)
@@ -349,7 +338,6 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--reuse", action="store_true", help="keep artifacts already built")
     args = parser.parse_args()
-    from latency_report import write_report  # sibling module (benchmarks/ is on sys.path)
 
     json_path = RESULTS / "latency.json"
     if args.report_only:

@@ -1,4 +1,4 @@
-"""Operation counts and peak graphs for benchmarks/latency.py: model MACs from an ONNX graph,
+"""Operation counts and peak graphs for benchmarks.latency: model MACs from an ONNX graph,
 and the large matrix products that measure this machine's fp32 and int8 peak."""
 
 from __future__ import annotations

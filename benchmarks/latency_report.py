@@ -1,4 +1,4 @@
-"""Markdown tables and plots for benchmarks/latency.py, from its JSON (``--report-only``)."""
+"""Markdown tables and plots for benchmarks.latency, from its JSON (``--report-only``)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def write_report(result: dict[str, Any], results: Path) -> None:
     lines = [
         "# Latency, memory and conversion time: UN vs LayerNorm, and against this machine's limit",
         "",
-        "Made by `.venv/bin/python benchmarks/latency.py`"
+        "Made by `.venv/bin/python -m benchmarks.latency`"
         + (" `--quick` (vit-mnist only, 2 rounds)" if result.get("quick") else "")
         + f", started {result['started_utc']} UTC, {result['total_s']:.0f} s in all. Machine: "
         + _host_phrase(result)
@@ -102,14 +102,14 @@ def write_report(result: dict[str, Any], results: Path) -> None:
         f"{result['load_average_after_latency']}, at the end {result['load_average_after']}: "
         "other work shared the machine.",
         "",
-        "**Ratios are measured interleaved in one run**: each configuration in its own worker "
+        "**Ratios are measured interleaved in one run**: each configuration in its own probe "
         f"process, all alive at once, round-robin over configurations for {result['rounds']} "
         "rounds (the order rotates each round), so machine drift hits all alike; compare within "
         "a table, not across runs. Latency: median (p50) and p90 of every timed call pooled over "
         "the rounds. Batch 32: one call with 32 samples (torch, ORT, dynamic batch) or 32 invokes "
         "of the batch-1 TFLite file (LiteRT), 1 and 2 threads; throughput = samples/s at the "
         "median. "
-        "Peak RSS: the worker's own maximum resident set (imports included; the imports-only "
+        "Peak RSS: the probe's own maximum resident set (imports included; the imports-only "
         "figure is in the JSON) after the batch-1 runs. int8 ORT files: `quant.ort_int8` with the "
         "`cpu` target's settings (QDQ, per-channel s8 weights, u8 activations, MinMax; Linears as "
         "Gemm, Softmax and GELU fed in float: `ort_speed.md`), the same for LN and UN; int8 "
@@ -212,7 +212,7 @@ def stage_lines(result: dict[str, Any]) -> list[str]:
         "",
         "## Conversion: `quant.pipeline.convert`, every target, one fresh process each",
         "",
-        "Wall time between successive `progress(stage, fraction)` calls, summed by kind "
+        "Wall time between successive progress events, summed by kind "
         "over the four targets (cpu's `quantize` stage includes its drift run and any "
         "fallback steps). ViT-Tiny: random calibration/evaluation data, drift bars off. "
         "Peak RSS: the pipeline's own process / the largest tool subprocess (onnx2tf, TF "

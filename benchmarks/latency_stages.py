@@ -1,13 +1,14 @@
 """One ``quant.pipeline.convert`` run, timed stage by stage, in a process of its own.
 
-    python benchmarks/latency_stages.py MODEL OUT_DIR RESULT.json [--calib F --eval F
+    python -m benchmarks.latency_stages MODEL OUT_DIR RESULT.json [--calib F --eval F
         --max-drift X --min-agreement Y --targets T]
 
-Stage wall times are the time between successive ``progress(stage, fraction)`` calls (a stage
-lasts until the next one starts). Peak memory: this process's own peak RSS (the pipeline in
-Python, ONNX Runtime, LiteRT; VmHWM), the largest RSS of any one tool subprocess (onnx2tf,
-TensorFlow's converter, Vela) and of the whole process tree (what the machine had to hold at
-once), both sampled every 0.2 s with psutil.
+Stage wall times are the time between successive ``progress(event)`` calls (a stage lasts until
+the next one starts), each stage named by its event's ``label`` (``cpu: quantize (ONNX
+Runtime)``). Peak memory: this process's own peak RSS (the pipeline in Python, ONNX Runtime,
+LiteRT; VmHWM), the largest RSS of any one tool subprocess (onnx2tf, TensorFlow's converter,
+Vela) and of the whole process tree (what the machine had to hold at once), both sampled every
+0.2 s with psutil.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ import argparse
 import contextlib
 import json
 import resource
-import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if TYPE_CHECKING:  # the pipeline's modules are imported inside the timed run, not before
+    from converters.progress import ProgressEvent
 
 
 def _rss(process: psutil.Process) -> tuple[int, int]:
@@ -52,7 +53,7 @@ def main() -> None:
     parser.add_argument("result")
     parser.add_argument("--calib")
     parser.add_argument("--eval")
-    parser.add_argument("--targets")
+    parser.add_argument("--targets", help='"cpu,imx93" (default: every target)')
     parser.add_argument("--max-drift", type=float, default=0.5)
     parser.add_argument("--min-agreement", type=float, default=0.99)
     args = parser.parse_args()
@@ -71,15 +72,16 @@ def main() -> None:
     start = time.perf_counter()
     events: list[tuple[str, float]] = []
 
-    def progress(stage: str, fraction: float) -> None:
-        events.append((stage, time.perf_counter() - start))
+    def progress(event: ProgressEvent) -> None:
+        events.append((event.label, time.perf_counter() - start))
 
     from quant.pipeline import convert  # imported inside the timed process, not before
+    from quant.targets import parse_targets
 
     events.append(("import", 0.0))
     report = convert(
         args.model,
-        targets=args.targets,
+        targets=parse_targets(args.targets) if args.targets else None,
         calib=args.calib,
         eval=args.eval,
         out_dir=args.out_dir,

@@ -1,10 +1,10 @@
 """Why int8 TFLite runs slower than fp32 in LiteRT on this x86 machine: one kernel at a time.
 
-    .venv/bin/python benchmarks/litert_kernels.py   # ~1 min; needs the TFLite converter venv
+    .venv/bin/python -m benchmarks.litert_kernels   # ~1 min; needs the TFLite converter venv
 
 Builds one-op TFLite files with ViT-Tiny's shapes (batch 1, 197 tokens, dim 192, 3 heads), full
 int8 and fp32, with TensorFlow's converter in the converter venv (``quant.toolenv``; the
-builder is ``litert_kernels_build.py``), then times each with LiteRT, one thread, with the
+builder is ``benchmarks.litert_kernels_build``), then times each with LiteRT, one thread, with the
 default XNNPACK delegate and without it. A kernel XNNPACK does not take runs on TFLite's own
 kernels; multiplied by how often ViT-Tiny's int8 file holds that op, that is where its time
 goes. Writes benchmarks/results/litert_kernels.json and .md.
@@ -12,9 +12,9 @@ goes. Writes benchmarks/results/litert_kernels.json and .md.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -23,13 +23,10 @@ from pathlib import Path
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results_main import RESULTS, ROOT
+from quant import toolenv
 
-from quant import toolenv  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
-BUILDER = Path(__file__).with_name("litert_kernels_build.py")
+BUILDER = "benchmarks.litert_kernels_build"  # a module of this package, run by the venv's python
 VIT_TINY_INT8 = ROOT / "build" / "latency-bench" / "vit-tiny-un" / "tflite" / "model_int8.tflite"
 CALLS, ROUNDS = 30, 5
 
@@ -37,7 +34,8 @@ CALLS, ROUNDS = 30, 5
 def build(out: Path) -> list[str]:
     """The one-op files (``<kernel>_<int8|fp32>.tflite``), made in the converter venv."""
     subprocess.run(
-        [str(toolenv.python_path()), str(BUILDER), str(out)],
+        [str(toolenv.python_path()), "-m", BUILDER, str(out)],
+        cwd=ROOT,  # where that python finds the package (it has nothing of this project's)
         check=True,
         capture_output=True,
         text=True,
@@ -118,7 +116,7 @@ def report(result: dict) -> str:
     lines = [
         "# LiteRT kernels, int8 vs fp32, one op at a time (ViT-Tiny's shapes)",
         "",
-        f"Made by `.venv/bin/python benchmarks/litert_kernels.py`, {result['started_utc']} UTC; "
+        f"Made by `.venv/bin/python -m benchmarks.litert_kernels`, {result['started_utc']} UTC; "
         f"LiteRT {result['litert']}; one thread; p50 of {ROUNDS} x {CALLS} invokes. "
         "'delegated' = XNNPACK took the op; otherwise it ran on TFLite's own kernel.",
         "",
@@ -149,6 +147,7 @@ def report(result: dict) -> str:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     started = time.time()
     with tempfile.TemporaryDirectory() as scratch:
         kernels = build(Path(scratch))

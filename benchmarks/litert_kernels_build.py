@@ -1,6 +1,6 @@
-"""Builder for benchmarks/litert_kernels.py; runs in the TFLite converter venv (TensorFlow).
+"""Builder for benchmarks.litert_kernels; runs in the TFLite converter venv (TensorFlow).
 
-    <converter venv>/bin/python benchmarks/litert_kernels_build.py OUT_DIR
+    <converter venv>/bin/python -m benchmarks.litert_kernels_build OUT_DIR
 
 Writes ``<kernel>_int8.tflite`` (full integer, int8 in and out, calibrated on 8 random batches)
 and ``<kernel>_fp32.tflite`` for each kernel of a ViT-Tiny block, with its shapes.
@@ -8,7 +8,7 @@ and ``<kernel>_fp32.tflite`` for each kernel of a ViT-Tiny block, with its shape
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +62,9 @@ def convert(function, shapes: list, int8: bool, rng: np.random.Generator) -> byt
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    out = parser.parse_args().out_dir
     rng = np.random.default_rng(0)
     for name, (function, shapes) in kernels(rng).items():
         for kind in ("int8", "fp32"):

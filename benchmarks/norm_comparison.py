@@ -15,7 +15,7 @@ Resumable: runs already in the JSON are skipped, so a killed benchmark loses at 
 in flight. Each new run records the date and torch version it ran with. ``--carry-over OLD.json``
 adds the runs of an older results file that this one lacks, marked ``carried_over`` (the table
 marks every cell holding one with a dagger). Usage:
-    python benchmarks/norm_comparison.py [--workers 2] [--seeds 0 1 2] [--carry-over OLD.json]
+    python -m benchmarks.norm_comparison [--workers 2] [--seeds 0 1 2] [--carry-over OLD.json]
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).parent / "results"
+from benchmarks.results_main import RESULTS
+
 JSON_PATH = RESULTS / "norm_comparison.json"
 TABLE_PATH = RESULTS / "norm_comparison_table.md"
 
@@ -51,13 +52,14 @@ TASKS: dict[str, tuple[str, str, bool]] = {
 }
 PRESET = "bench"
 
-_DATASETS: dict[str, Any] = {}
+DATASETS: dict[str, Any] = {}  # data name -> the data set, loaded once per process
 
 
-def _init_worker() -> None:
+def one_thread() -> None:
+    """One torch thread in this process (each pool process of the comparison runs with it)."""
     import torch
 
-    # One thread per worker: two workers on two cores beat one worker with two threads.
+    # One thread per process: two processes on two cores beat one process with two threads.
     torch.set_num_threads(1)
 
 
@@ -68,8 +70,8 @@ def run_one(task: str, norm_name: str, seed: int) -> dict[str, Any]:
 
     model, data, norm_first = TASKS[task]
     kind, kwargs = NORMS[norm_name]
-    if data not in _DATASETS:
-        _DATASETS[data] = load_dataset(data)
+    if data not in DATASETS:
+        DATASETS[data] = load_dataset(data)
     import torch
 
     record: dict[str, Any] = {"task": task, "norm": norm_name, "seed": seed}
@@ -82,7 +84,7 @@ def run_one(task: str, norm_name: str, seed: int) -> dict[str, Any]:
     try:
         result = fit(
             model, PRESET, kind, data, seed=seed, norm_first=norm_first, norm_kwargs=kwargs,
-            dataset=_DATASETS[data], progress=False, log=None,
+            dataset=DATASETS[data], progress=False, log=None,
         )  # fmt: skip
     except TrainingDivergedError as error:
         record.update(status="FAIL", error=str(error))
@@ -103,6 +105,24 @@ def run_one(task: str, norm_name: str, seed: int) -> dict[str, Any]:
 
 
 # -- bookkeeping -----------------------------------------------------------------------------
+
+
+def grid_arguments(parser: argparse.ArgumentParser, norms: list[str]) -> None:
+    """The runs to make, ``--seeds``, ``--tasks`` and ``--norms`` (of ``norms``), and
+    ``--report-only``: this benchmark's and norm_recalibration's."""
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--norms", nargs="+", default=norms, choices=norms)
+    parser.add_argument("--report-only", action="store_true", help="only rewrite table and plots")
+
+
+def runs_to_do(
+    runs: list[dict[str, Any]], seeds: list[int], tasks: list[str], norms: list[str]
+) -> list[tuple[str, str, int]]:
+    """The (task, norm, seed) runs not in ``runs`` yet, seed-major: a partial benchmark already
+    covers every (task, norm) once."""
+    done = {(r["task"], r["norm"], r["seed"]) for r in runs}
+    return [(t, n, s) for s in seeds for t in tasks for n in norms if (t, n, s) not in done]
 
 
 def load_runs() -> list[dict[str, Any]]:
@@ -279,11 +299,8 @@ def plot(runs: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    parser.add_argument("--norms", nargs="+", default=list(NORMS), choices=list(NORMS))
-    parser.add_argument("--report-only", action="store_true", help="only rewrite table and plots")
+    parser.add_argument("--workers", type=int, default=2, help="training processes at once")
+    grid_arguments(parser, list(NORMS))
     parser.add_argument(
         "--carry-over", type=Path, help="add the runs of this older JSON that are missing here"
     )
@@ -292,18 +309,10 @@ def main() -> None:
     from tqdm import tqdm
 
     runs = load_runs()
-    done = {(r["task"], r["norm"], r["seed"]) for r in runs}
-    # Seed-major order: a partial benchmark already covers every (task, norm) once.
-    todo = [
-        (t, n, s)
-        for s in args.seeds
-        for t in args.tasks
-        for n in args.norms
-        if (t, n, s) not in done
-    ]
+    todo = runs_to_do(runs, args.seeds, args.tasks, args.norms)
     if not args.report_only and todo:
         started = time.perf_counter()
-        with ProcessPoolExecutor(args.workers, initializer=_init_worker) as pool:
+        with ProcessPoolExecutor(args.workers, initializer=one_thread) as pool:
             futures = [pool.submit(run_one, *key) for key in todo]
             bar = tqdm(as_completed(futures), total=len(futures), unit="run")
             for future in bar:

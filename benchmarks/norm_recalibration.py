@@ -22,7 +22,7 @@ Writes, under benchmarks/results/:
   norm_recalibration_effect.png TID before vs accuracy change (the RBN paper's claim)
 
 Resumable: runs already in the JSON are skipped. One process, one torch thread. Usage:
-    python benchmarks/norm_recalibration.py [--batches 20] [--seeds 0 1 2] [--tasks ...]
+    python -m benchmarks.norm_recalibration [--batches 20] [--seeds 0 1 2] [--tasks ...]
         [--norms ...] [--report-only]
 """
 
@@ -37,10 +37,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import norm_comparison as nc  # the sibling script (this script's directory is on sys.path)
-from finetune_report import mean_std
+from benchmarks import norm_comparison as nc
+from benchmarks.finetune_report import mean_std
+from benchmarks.results_main import RESULTS
 
-RESULTS = nc.RESULTS
 JSON_PATH = RESULTS / "norm_recalibration.json"
 MD_PATH = RESULTS / "norm_recalibration.md"
 BEGIN, END = "<!-- GENERATED: norm_recalibration.py -->", "<!-- END GENERATED -->"
@@ -83,7 +83,7 @@ def run_one(task: str, norm_name: str, seed: int, batches: int) -> dict[str, Any
         return record
     (result,) = captured
     model = result.model
-    data = nc._DATASETS[nc.TASKS[task][1]]
+    data = nc.DATASETS[nc.TASKS[task][1]]
     train_x, _ = data.part("train")
     batch_size = get_preset(nc.TASKS[task][0], nc.PRESET).batch_size
     start = time.perf_counter()
@@ -384,25 +384,14 @@ def plot(runs: list[dict[str, Any]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=DEFAULT_BATCHES)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--tasks", nargs="+", default=list(nc.TASKS), choices=list(nc.TASKS))
-    parser.add_argument("--norms", nargs="+", default=OFFLINE_NORMS, choices=OFFLINE_NORMS)
-    parser.add_argument("--report-only", action="store_true", help="only rewrite table and plots")
+    nc.grid_arguments(parser, OFFLINE_NORMS)
     args = parser.parse_args()
 
-    nc._init_worker()  # one torch thread, as the norm comparison's workers
+    nc.one_thread()  # as the norm comparison's training processes
     runs = load_runs()
     if runs and (previous := json.loads(JSON_PATH.read_text())["batches"]) != args.batches:
         parser.error(f"{JSON_PATH.name} holds runs with --batches {previous}")
-    done = {(r["task"], r["norm"], r["seed"]) for r in runs}
-    # Seed-major order, as the norm comparison: a partial run covers every (task, norm) once.
-    todo = [
-        (t, n, s)
-        for s in args.seeds
-        for t in args.tasks
-        for n in args.norms
-        if (t, n, s) not in done
-    ]
+    todo = nc.runs_to_do(runs, args.seeds, args.tasks, args.norms)  # seed-major, as there
     if not args.report_only and todo:
         started = time.perf_counter()
         for index, key in enumerate(todo, 1):

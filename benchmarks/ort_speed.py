@@ -1,11 +1,11 @@
 """The cpu target's int8 ONNX Runtime recipe, change by change: predicted and measured effect.
 
-    .venv/bin/python benchmarks/ort_speed.py                # ~6 min on 2 cores
-    .venv/bin/python benchmarks/ort_speed.py --report-only  # Markdown and plot from the JSON
+    .venv/bin/python -m benchmarks.ort_speed                # ~6 min on 2 cores
+    .venv/bin/python -m benchmarks.ort_speed --report-only  # Markdown and plot from the JSON
 
 Each step adds one change to the one before (``STEPS``; the last is the cpu target's profile,
 ``quant.targets.PROFILES["cpu"]``); every step's file is made by ``quant.ort_int8.quantize_onnx``
-from the same fp32 ONNX and calibration samples as ``benchmarks/latency.py`` (whose
+from the same fp32 ONNX and calibration samples as ``benchmarks.latency`` (whose
 ``build/latency-bench`` artifacts it reuses when present). Models: ViT-Tiny UN and LN (random
 weights: timing only) and the bundled trained examples (timing, and accuracy on their held-out
 test split against the fp32 ONNX: the drift bars must hold at every step).
@@ -24,7 +24,6 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -33,19 +32,16 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from latency import RESULTS, SCRATCH, model_files  # noqa: E402
-from latency_ops import count_macs, peak_graphs  # noqa: E402
-
-import edge_un  # noqa: E402
-from converters.pipeline import export_folded, load_and_fold  # noqa: E402
-from edge_un import examples  # noqa: E402
-from quant.data import Samples, as_feeds, checkpoint_samples  # noqa: E402
-from quant.drift import measure_drift, onnx_runner  # noqa: E402
-from quant.ort_int8 import quantize_onnx  # noqa: E402
-from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES  # noqa: E402
+import edge_un
+from benchmarks.latency import SCRATCH, model_files
+from benchmarks.latency_ops import count_macs, peak_graphs
+from benchmarks.results_main import RESULTS
+from converters.pipeline import export_folded, load_and_fold
+from edge_un import examples
+from quant.data import Samples, as_feeds, checkpoint_samples
+from quant.drift import measure_drift, onnx_runner
+from quant.ort_int8 import quantize_onnx
+from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES
 
 MODELS = ("vit-tiny-un", "vit-tiny-ln", "vit-mnist-un", "vit-mnist-ln", "text-rt-un", "text-rt-ln")
 ROUNDS, CALLS, PROFILE_CALLS = 30, 10, 30  # many short rounds: this VM drifts over seconds
@@ -97,7 +93,7 @@ def profile_of(step: Step) -> Any:
 
 
 def fp32_file(name: str) -> Path:
-    """The dynamic-batch opset-21 fp32 file of ``benchmarks/latency.py`` (made if missing)."""
+    """The dynamic-batch opset-21 fp32 file of ``benchmarks.latency`` (made if missing)."""
     path = SCRATCH / name / "fp32_opset21_dynamic.onnx"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -212,7 +208,7 @@ def write_report(result: dict[str, Any]) -> None:
     lines = [
         "# The cpu target's int8 recipe for ONNX Runtime, change by change",
         "",
-        f"Made by `.venv/bin/python benchmarks/ort_speed.py`, {result['started_utc']} UTC, "
+        f"Made by `.venv/bin/python -m benchmarks.ort_speed`, {result['started_utc']} UTC, "
         f"{result['total_s']:.0f} s; ONNX Runtime {ort.__version__}; load average before "
         f"{result['load_average_before']}. Batch 1, one thread, p50 of {ROUNDS} interleaved "
         f"rounds x {CALLS} calls. Steps are cumulative; the last one is the cpu target's "

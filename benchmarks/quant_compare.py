@@ -1,8 +1,8 @@
 """UN vs its LayerNorm twin through the same pipeline, every target, side by side.
 
-    python benchmarks/quant_compare.py                 # every model, ~15 min on 2 cores
-    python benchmarks/quant_compare.py vit-mnist-ln-to-un   # only these, merged into the JSON
-    python benchmarks/quant_compare.py --report-only   # tables and plot from the JSON only
+    python -m benchmarks.quant_compare                 # every model, ~15 min on 2 cores
+    python -m benchmarks.quant_compare vit-mnist-ln-to-un   # only these, merged into the JSON
+    python -m benchmarks.quant_compare --report-only   # tables and plot from the JSON only
 
 Runs ``quant.convert`` (all targets) on each bundled example; the LN twins go through with
 ``allow_online=True``: LayerNorm stays as decomposed int8 ops in the TFLite files (MEAN,
@@ -13,8 +13,8 @@ no integer LayerNorm). Writes ``benchmarks/results/quant_compare.json`` (the fou
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,14 +24,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results_main import RESULTS, save_figure
+from converters.progress import ProgressEvent
+from edge_un import examples
+from quant.pipeline import convert
+from quant.report import Report, TargetReport
 
-from edge_un import examples  # noqa: E402
-from quant.pipeline import convert  # noqa: E402
-from quant.report import Report, TargetReport  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
 PAIRS = (("vit-mnist-un", "vit-mnist-ln"), ("text-rt-un", "text-rt-ln"))
 # UN models migrated from the LN twins (edge-un migrate): listed in the table, not in the pairs.
 MIGRATED = ("vit-mnist-ln-to-un", "text-rt-ln-to-un")
@@ -41,10 +39,13 @@ def convert_all(scratch: Path, names: list[str]) -> dict[str, dict]:
     runs = {}
     for name in names:
         start = time.perf_counter()
+
+        def progress(event: ProgressEvent, name: str = name) -> None:
+            print(f"  {name} [{100 * event.fraction:3.0f}%] {event.label}", flush=True)
+
         report = convert(
             examples.path(name), out_dir=scratch / name, allow_online=name.endswith("-ln"),
-            progress=lambda stage, fraction, name=name: print(
-                f"  {name} [{100 * fraction:3.0f}%] {stage}", flush=True),
+            progress=progress,
         )  # fmt: skip
         runs[name] = {"seconds": round(time.perf_counter() - start, 1),
                       "report": json.loads(report.model_dump_json())}  # fmt: skip
@@ -90,7 +91,7 @@ def write_markdown(runs: dict[str, dict]) -> str:
     lines = [
         "# UN vs LayerNorm, through the same int8 pipeline",
         "",
-        "Made by `python benchmarks/quant_compare.py`: `quant.convert` on each bundled example,",
+        "Made by `python -m benchmarks.quant_compare`: `quant.convert` on each bundled example,",
         "all targets, default bars (drop <= 0.5 pt, agreement >= 99 %). Drift on the held-out test",
         "split in each target's arithmetic (exact integer for ONNX targets, LiteRT for TFLite);",
         f"measured on {_hosts(runs)}; latency (one thread, batch 1, median of 100 runs;",
@@ -173,17 +174,21 @@ def plot(runs: dict[str, dict]) -> None:
         axis.set_ylim(90, 100.5)
         axis.set_title(f"{un} vs {ln}: top-1 agreement with fp32 (%)")
         axis.legend(fontsize=7, loc="lower left")
-    figure.tight_layout()
-    figure.savefig(RESULTS / "quant_compare.png", dpi=120)
+    save_figure(figure, "quant_compare")
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", help="only these bundled examples, merged into the "
+                        "JSON (default: every pair and migrated model)")  # fmt: skip
+    parser.add_argument("--report-only", action="store_true", help="tables and plot from the JSON")
+    args = parser.parse_args()
     committed = RESULTS / "quant_compare.json"
     runs = json.loads(committed.read_text()) if committed.exists() else {}
-    if "--report-only" not in sys.argv:  # else: re-write the tables and plot from the JSON
-        names = [a for a in sys.argv[1:] if not a.startswith("--")] or [
-            n for pair in PAIRS for n in pair
-        ] + [n for n in MIGRATED if n in examples.names()]
+    if not args.report_only:  # else: re-write the tables and plot from the JSON
+        names = args.models or [n for pair in PAIRS for n in pair] + [
+            n for n in MIGRATED if n in examples.names()
+        ]
         with tempfile.TemporaryDirectory() as scratch:
             runs.update(convert_all(Path(scratch), names))
     RESULTS.mkdir(exist_ok=True)

@@ -1,7 +1,7 @@
 """Equalization at fold time and bias correction on the UN ViT's pure int8 (issue 7).
 
-    python benchmarks/quant_equalize.py            # ~8-15 min on 1 core (3 calibration draws)
-    python benchmarks/quant_equalize.py --report   # only rewrite the .md from the .json
+    python -m benchmarks.quant_equalize            # ~8-15 min on 1 core (3 calibration draws)
+    python -m benchmarks.quant_equalize --report   # only rewrite the .md from the .json
 
 Two quantization-engineering steps not yet measured by ``quant_recipes.py``, each applied to the
 folded fp32 ONNX model before the baseline recipe of that benchmark (ONNX Runtime QDQ, MinMax,
@@ -26,10 +26,10 @@ Results: ``benchmarks/results/quant_equalize.json`` and ``.md``.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import os
-import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,17 +40,14 @@ import onnxruntime as ort
 import torch
 from onnx import helper, numpy_helper
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results_main import RESULTS
+from converters.pipeline import export_folded, load_and_fold
+from edge_un import examples
+from quant.data import Samples, as_feeds, checkpoint_samples
+from quant.drift import measure_drift, onnx_runner, sqnr_db
+from quant.ort_int8 import quantize_onnx
+from quant.targets import PROFILES
 
-from converters.pipeline import export_folded, load_and_fold  # noqa: E402
-from edge_un import examples  # noqa: E402
-from quant.data import Samples, as_feeds, checkpoint_samples  # noqa: E402
-from quant.drift import measure_drift, onnx_runner, sqnr_db  # noqa: E402
-from quant.ort_int8 import quantize_onnx  # noqa: E402
-from quant.targets import PROFILES  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
 OLD_VIT = Path(os.environ.get("EDGE_UN_OLD_VIT", "/tmp/vit-mnist-un.old.safetensors"))
 CALIBRATION_SAMPLES = 256
 SQNR_SAMPLES = 128  # test samples for the per-Linear output SQNR diagnostic
@@ -394,7 +391,7 @@ def write_markdown(rows: list[dict], details: dict) -> str:
     lines = [
         "# Equalization at fold time and bias correction: UN ViT, pure int8 (ONNX Runtime QDQ)",
         "",
-        "Made by `python benchmarks/quant_equalize.py` (issue 7). Every row: the folded fp32",
+        "Made by `python -m benchmarks.quant_equalize` (issue 7). Every row: the folded fp32",
         "model, transformed, then quantized with the baseline recipe of `quant_recipes.md`",
         "(MinMax, s8 symmetric activations, per-channel s8 weights, 256 calibration samples of",
         "the train split) and measured on the test split (1000 samples) against the unmodified",
@@ -495,7 +492,9 @@ of the same draw, in samples of 1000 (draws 0, 1, 2):
 
 
 def main() -> None:
-    if sys.argv[1:] == ["--report"]:  # rewrite the Markdown from the JSON (no measuring)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report", action="store_true", help="only rewrite the .md from the .json")
+    if parser.parse_args().report:  # rewrite the Markdown from the JSON (no measuring)
         out = json.loads((RESULTS / "quant_equalize.json").read_text())
         (RESULTS / "quant_equalize.md").write_text(write_markdown(out["rows"], out["details"]))
         return

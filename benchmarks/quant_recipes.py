@@ -1,6 +1,6 @@
 """Every int8 recipe tried on the bundled examples, with its numbers (ONNX Runtime QDQ).
 
-    python benchmarks/quant_recipes.py      # ~5 min on 2 cores
+    python -m benchmarks.quant_recipes      # ~5 min on 2 cores
 
 Each recipe quantizes the folded fp32 model (calibrated on the checkpoint's training split) and
 measures it on the held-out test split against the fp32 model: top-1 agreement, top-1 drop,
@@ -10,8 +10,8 @@ recipes (full int8, 16x8) are measured by the pipeline itself: see ``quant_compa
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -26,17 +26,14 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results_main import RESULTS
+from converters.pipeline import export_folded, load_and_fold
+from edge_un import examples
+from quant.data import checkpoint_samples
+from quant.drift import measure_drift, onnx_runner, tensor_sqnr
+from quant.ort_int8 import SamplesReader, quantize_onnx
+from quant.targets import PROFILES
 
-from converters.pipeline import export_folded, load_and_fold  # noqa: E402
-from edge_un import examples  # noqa: E402
-from quant.data import checkpoint_samples  # noqa: E402
-from quant.drift import measure_drift, onnx_runner, tensor_sqnr  # noqa: E402
-from quant.ort_int8 import SamplesReader, quantize_onnx  # noqa: E402
-from quant.targets import PROFILES  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
 MODELS = ("vit-mnist-un", "vit-mnist-ln", "text-rt-un", "text-rt-ln")
 
 
@@ -47,7 +44,7 @@ def ort_recipe(fp32: Path, out: Path, calibration, activation: QuantType, symmet
     quant_pre_process(str(fp32), str(prepared))
     name = onnx.load(str(fp32)).graph.input[0].name
     quantize_static(
-        str(prepared), str(out), SamplesReader(name, calibration.inputs, 32),
+        str(prepared), str(out), SamplesReader([name], calibration, 32),
         quant_format=QuantFormat.QDQ, per_channel=True, activation_type=activation,
         weight_type=QuantType.QInt8, calibrate_method=method,
         extra_options={"ActivationSymmetric": symmetric},
@@ -151,7 +148,7 @@ def write_markdown(rows: list[dict]) -> str:
     lines = [
         "# int8 recipes on the bundled examples (ONNX Runtime QDQ, per-channel s8 weights)",
         "",
-        "Made by `python benchmarks/quant_recipes.py`. Agreement = top-1 agreement with the fp32",
+        "Made by `python -m benchmarks.quant_recipes`. Agreement = top-1 agreement with the fp32",
         "folded model on the held-out test split (ViT: 1000 samples, text: 2562); drop in points.",
         f"The sensitivity scan put each of the {len(scan)} activations of vit-mnist-un alone in",
         "int16 (the rest s8); its 10 best rows are listed last (all of them in the JSON).",
@@ -172,6 +169,7 @@ def write_markdown(rows: list[dict]) -> str:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in MODELS:

@@ -1,6 +1,6 @@
-"""The command line a benchmark shares with the others: run it (or, with ``--report-only``,
-reload its committed JSON), then write ``results/NAME.json``, the Markdown table and the plot,
-and print the table."""
+"""What the benchmarks share: where their results go, and the command line of those that
+write ``results/NAME.json``, its Markdown table and its plot: run (or, with ``--report-only``,
+reload the committed JSON), then write the table and the plot, and print the table."""
 
 from __future__ import annotations
 
@@ -10,17 +10,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def benchmark_main(
     name: str,
-    description: str,
+    doc: str,
     run: Callable[[], dict[str, Any]],
     markdown: Callable[[dict[str, Any]], str],
     plot: Callable[[dict[str, Any]], None],
 ) -> None:
-    parser = argparse.ArgumentParser(description=description)
+    """The benchmark ``name`` described by ``doc`` (its module's docstring): ``run`` measures,
+    ``markdown`` and ``plot`` write the results."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--report-only", action="store_true", help="redo the table and plot")
     args = parser.parse_args()
     path = RESULTS / f"{name}.json"
@@ -32,3 +35,9 @@ def benchmark_main(
     (RESULTS / f"{name}.md").write_text(markdown(results))
     plot(results)
     print((RESULTS / f"{name}.md").read_text())
+
+
+def save_figure(figure: Any, name: str) -> None:
+    """A matplotlib figure, laid out, as ``results/NAME.png``."""
+    figure.tight_layout()
+    figure.savefig(RESULTS / f"{name}.png", dpi=120)

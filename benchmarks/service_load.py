@@ -1,16 +1,16 @@
 """The HTTP service under load: conversions per hour with 1 and 2 workers, and the latency of
 the status, download and metrics endpoints while conversions run, in both queue modes.
 
-    .venv/bin/python benchmarks/service_load.py            # everything, ~13 min on 2 cores
-    .venv/bin/python benchmarks/service_load.py --quick    # 2 jobs per run, 4 clients, ~6 min
-    .venv/bin/python benchmarks/service_load.py --report-only   # Markdown and plot from the JSON
+    .venv/bin/python -m benchmarks.service_load            # everything, ~13 min on 2 cores
+    .venv/bin/python -m benchmarks.service_load --quick    # 2 jobs per run, 4 clients, ~6 min
+    .venv/bin/python -m benchmarks.service_load --report-only   # Markdown and plot from the JSON
 
-Real servers, started with the tests' own helpers (``tests/service_live.py``,
-``tests/servers.py``, imported, not copied): for each queue mode, ``local`` (SQLite, the API
-server's own job processes) and ``celery`` (PostgreSQL + Redis, ``edge-un worker`` processes,
-each ``--concurrency 1``), and W in {1, 2} workers, a fresh server and data directory. Each run
-submits a fixed batch of conversions of the bundled example ``vit-mnist-un`` (target ``cpu``)
-as users do: the real ``.safetensors`` checkpoint upload (``tests.service_live.upload``), so
+Real servers, started as the service's tests start them (``testbed``): for each
+queue mode, ``local`` (SQLite, the API server's own job processes) and ``celery`` (PostgreSQL +
+Redis, ``edge-un worker`` processes, each ``--concurrency 1``), and W in {1, 2} workers, a fresh
+server and data directory. Each run submits a fixed batch of conversions of the bundled example
+``vit-mnist-un`` (target ``cpu``) as users do: the real ``.safetensors`` checkpoint upload
+(``testbed.live.upload``), so
 every job includes the checkpoint load, the fold and the torch export (``--fast-upload``
 sends the folded ONNX file and small .npz files instead, ``upload_fast``). One warm-up
 conversion runs first, not counted: in local mode the fork server imports the pipeline after
@@ -55,11 +55,8 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.servers import PG_BIN, PostgresServer, RedisServer  # noqa: E402
-from tests.service_live import (  # noqa: E402
+from benchmarks.results_main import RESULTS, ROOT
+from testbed.live import (
     CELERY_FAST,
     FAST,
     LiveServer,
@@ -69,8 +66,8 @@ from tests.service_live import (  # noqa: E402
     upload_fast,
     wait_for,
 )
+from testbed.servers import PG_BIN, PostgresServer, RedisServer
 
-RESULTS = ROOT / "benchmarks" / "results"
 JSON_PATH = RESULTS / "service_load.json"
 MD_PATH = RESULTS / "service_load.md"
 PNG_PATH = RESULTS / "service_load.png"
@@ -89,6 +86,8 @@ SETTINGS = {
     "EDGE_UN_POLL_INTERVAL_S": "0.5",
 }
 CELERY_SETTINGS = {"EDGE_UN_HEARTBEAT_S": "10"}
+# every fast setting a LiveServer would add is overridden here: the rest are the defaults
+assert set(FAST) == set(SETTINGS)
 assert set(CELERY_FAST) == set(CELERY_SETTINGS)
 
 
@@ -244,7 +243,7 @@ def pg_counters(postgres: PostgresServer, database_url: str) -> dict[str, int]:
     name = database_url.rsplit("/", 1)[1]
     columns = ("xact_commit", "xact_rollback", "tup_inserted", "tup_updated", "tup_deleted",
                "tup_returned", "tup_fetched")  # fmt: skip
-    with postgres._connect(name) as connection:
+    with postgres.connect(name) as connection:
         row = connection.execute(
             f"SELECT {', '.join(columns)} FROM pg_stat_database WHERE datname = %s", (name,)
         ).fetchone()
@@ -252,7 +251,7 @@ def pg_counters(postgres: PostgresServer, database_url: str) -> dict[str, int]:
 
 
 def pg_reset(postgres: PostgresServer, database_url: str) -> None:
-    with postgres._connect(database_url.rsplit("/", 1)[1]) as connection:
+    with postgres.connect(database_url.rsplit("/", 1)[1]) as connection:
         connection.execute("SELECT pg_stat_reset()")
 
 
@@ -426,7 +425,7 @@ def report(data: dict[str, Any]) -> None:
     m = data["machine"]
     quick = " --quick" if data["quick"] else ""
     lines.append(
-        f"Made by `.venv/bin/python benchmarks/service_load.py{quick}`, started "
+        f"Made by `.venv/bin/python -m benchmarks.service_load{quick}`, started "
         f"{data['started']} UTC, {data['elapsed_s']:.0f} s in all. Machine: "
         f"{m['cpus']} cores ({m['arch']}), Python {m['python']}. Load average (1/5/15 min) "
         f"before {m['load_before']}, after {m['load_after']}: other work shared the machine."

@@ -31,7 +31,7 @@ each, same bench preset), to see whether it holds beyond vision (``--no-text`` s
 Writes benchmarks/results/vit_gap.json (every run), vit_gap.md (table and one verdict line per
 hypothesis; hand-written text after the ``<!-- notes -->`` line is kept) and vit_gap.png.
 Resumable: configurations already in the JSON are skipped. Usage:
-    python benchmarks/vit_gap.py [--seeds 0 1 2] [--only NAME ...] [--no-text] [--report-only]
+    python -m benchmarks.vit_gap [--seeds 0 1 2] [--only NAME ...] [--no-text] [--report-only]
 """
 
 from __future__ import annotations
@@ -44,15 +44,14 @@ import json
 import statistics
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from benchmarks.results_main import RESULTS
 from edge_un.norms import UnifiedNorm
 
-RESULTS = Path(__file__).parent / "results"
 JSON_PATH = RESULTS / "vit_gap.json"
 MD_PATH = RESULTS / "vit_gap.md"
 PNG_PATH = RESULTS / "vit_gap.png"
@@ -576,7 +575,7 @@ def main() -> None:
         if (t, n, s) not in text_done
     ]
     if not (args.report_only or args.no_text) and text_todo:
-        import norm_comparison
+        from benchmarks import norm_comparison
 
         norm_comparison.NORMS.update(TEXT_CHECK)
         for task, name, seed in text_todo:

@@ -317,21 +317,33 @@ def _head(feeds: Feeds, count: int) -> Feeds:
     return {name: np.asarray(array)[:count] for name, array in feeds.items()}
 
 
+def sample_runner(
+    path: str | Path, inputs: Inputs, threads: int = 1
+) -> Callable[[int], np.ndarray]:
+    """``run(i)``: one batch-1 inference of the file on sample ``i`` of ``inputs``, with XNNPACK
+    on ``threads`` threads (set the inputs, invoke, read the output tensor, as the file holds
+    it: not dequantized). The interpreter is made and the inputs are put in the file's layout
+    and types once, here, so a call is only the inference: what ``latency_tflite`` times, for a
+    caller that times calls its own way."""
+    interp = _interpreter(path, threads)
+    feeder = _Feeder(interp, inputs)
+    out_index = interp.get_output_details()[0]["index"]
+
+    def run(sample: int) -> np.ndarray:
+        feeder.set(sample)
+        interp.invoke()
+        return interp.get_tensor(out_index)
+
+    return run
+
+
 def latency_tflite(
     path: str | Path, sample: Inputs, threads: int, warmup: int = 10, runs: int = 100
 ) -> Timing:
     """Batch-1 latency with XNNPACK on the first row of ``sample``: ``warmup`` untimed runs,
     then ``runs`` timed ones (set inputs, invoke, read output); p50/p90/p99 in ms."""
-    interp = _interpreter(path, threads)
-    feeder = _Feeder(interp, _head(as_feeds(sample), 1))
-    out_index = interp.get_output_details()[0]["index"]
-
-    def call() -> None:
-        feeder.set(0)
-        interp.invoke()
-        interp.get_tensor(out_index)
-
-    return time_calls(call, threads, runs, warmup)
+    run = sample_runner(path, _head(as_feeds(sample), 1), threads)
+    return time_calls(lambda: run(0), threads, runs, warmup)
 
 
 __all__ = [
@@ -340,6 +352,7 @@ __all__ = [
     "onnx_names",
     "op_graph",
     "run_tflite",
+    "sample_runner",
     "sqnr_db",
     "tensor_sqnr_tflite",
     "tensor_values",

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from edge_un import data
+from testbed.live import QUEUE_MODES, LiveServer, ServiceMode
 
 from .builders import example_vit_onnx, trained_small_model
 from .servers import missing, postgres_server, redis_server  # noqa: F401  (session fixtures)
-from .service_live import QUEUE_MODES, LiveServer, ServiceMode
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The product's packages, left to right: a package may import those to its left, never right.
 LAYERS = ("edge_un", "converters", "quant", "service")
 # Packages that use the product from outside (any layer), and are never imported by it.
-USERS = ("benchmarks",)
+USERS = ("benchmarks", "testbed")
 
 
 @dataclass(frozen=True)

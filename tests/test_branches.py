@@ -31,16 +31,9 @@ from quant.report import Report
 from quant.targets import parse_targets
 from service import jobs as job_records
 from service.db import session_scope
+from testbed.live import LiveServer, ServiceMode, wait_for
 
-from .service_live import (
-    LiveServer,
-    ServiceMode,
-    hold_hook,
-    is_problem,
-    job_processes,
-    submit_parts,
-    wait_for,
-)
+from .service_live import hold_hook, is_problem, job_processes, submit_parts
 
 PAD_REASON = "cannot write opset 17: Pad changed in opset 18"
 

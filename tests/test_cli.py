@@ -24,8 +24,7 @@ import pytest
 import edge_un
 from quant.report import Report
 from service.cli import choices
-
-from .servers import free_port
+from testbed.servers import free_port
 
 COMMANDS = ("convert", "export", "targets", "report", "info", "train", "migrate", "finetune",
             "serve", "token", "submit", "jobs", "status", "download", "cancel")  # fmt: skip

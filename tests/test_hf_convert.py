@@ -196,7 +196,9 @@ def test_the_hf_bert_onnx_export_converts_over_http(bert: dict, tmp_path: Path) 
     server (local queue) as model + model_data with the two-array .npz files: the job runs the
     one pipeline the CLI test above ran for every target (here cpu and tda4vm, the quick ones)
     and its report names both inputs."""
-    from .service_live import ServiceMode, converted
+    from testbed.live import ServiceMode
+
+    from .service_live import converted
 
     server = ServiceMode("local").server(tmp_path / "data", EDGE_UN_WORKERS="1")
     server.start()

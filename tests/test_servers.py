@@ -1,6 +1,7 @@
-"""The server fixtures of tests/servers.py really serve: a PostgreSQL database takes a table
-and a row, and Redis keeps a key across a restart through its append-only file. The service
-tests trust these fixtures, so they are tested on their own first."""
+"""The servers of testbed (the fixtures of tests/servers.py) really serve: a
+PostgreSQL database takes a table and a row, and Redis keeps a key across a restart through its
+append-only file. The service tests trust these fixtures, so they are tested on their own
+first."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import psycopg
 import pytest
 import redis
 
-from .servers import PostgresServer, RedisServer
+from testbed.servers import PostgresServer, RedisServer
 
 
 def _psycopg_url(sqlalchemy_url: str) -> str:

@@ -20,8 +20,9 @@ from sqlalchemy import select
 from edge_un import examples
 from service import tokens
 from service.db import Token, session_scope
+from testbed.live import upload, wait_for
 
-from .service_live import converted, fast_data_parts, is_problem, job_processes, upload, wait_for
+from .service_live import converted, fast_data_parts, is_problem, job_processes
 
 MODEL = examples.path("vit-mnist-un")
 SERVER_ENV = {"EDGE_UN_WORKERS": "1"}  # the conftest's server, token

@@ -5,8 +5,9 @@ bars, oversize uploads, bad ranges. Nothing a client sends gets a 5xx or leaves 
 from __future__ import annotations
 
 from edge_un import examples
+from testbed.live import upload
 
-from .service_live import is_problem, upload
+from .service_live import is_problem
 
 MODEL = examples.path("vit-mnist-un")
 SERVER_ENV = {"EDGE_UN_MAX_UPLOAD_MB": "1"}  # the conftest's server, client

@@ -22,16 +22,9 @@ import pytest
 from edge_un import examples
 from service import jobs as job_records
 from service.db import session_scope
+from testbed.live import LiveServer, ServiceMode, upload, upload_fast, wait_for
 
-from .service_live import (
-    LiveServer,
-    ServiceMode,
-    abort_hook,
-    job_processes,
-    upload,
-    upload_fast,
-    wait_for,
-)
+from .service_live import abort_hook, job_processes
 
 MODEL = examples.path("vit-mnist-un")
 

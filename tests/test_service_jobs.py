@@ -2,7 +2,7 @@
 store, on real databases and a real file system (no HTTP server).
 
 Every database test runs twice: on SQLite (the default, one file) and on a real PostgreSQL 15
-(the Celery mode's database, a fresh database per test from tests/servers.py). The claims are
+(the Celery mode's database, a fresh database per test from testbed). The claims are
 conditional UPDATEs whose safety under concurrency is each engine's own locking: that is
 tested on both, not assumed."""
 
@@ -27,8 +27,7 @@ from service.db import Base, Job, Token, get_engine, session_scope, upgrade
 from service.db.migrate import alembic_config
 from service.settings import Settings
 from service.storage import LocalArtifactStore
-
-from .servers import PostgresServer
+from testbed.servers import PostgresServer
 
 Won = TypeVar("Won")
 
@@ -192,7 +191,7 @@ def test_recovery_requeues_then_fails_after_max_attempts(settings):
 
 def test_timestamps_read_back_as_the_utc_moments_written(settings):
     """Written as aware UTC, read back aware and equal, whatever the database server's own
-    time zone (the PostgreSQL of tests/servers.py runs at UTC+12:45)."""
+    time zone (the PostgreSQL of testbed runs at UTC+12:45)."""
     before = datetime.now(UTC).replace(microsecond=0)
     (job_id,) = _queue(settings, 1)
     _claim(settings)

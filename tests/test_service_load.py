@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .service_live import fast_job_files, upload_fast, wait_for
+from testbed.live import fast_job_files, upload_fast, wait_for
 
 CLIENTS = 20
 

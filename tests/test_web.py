@@ -19,8 +19,9 @@ import pytest
 
 from edge_un import examples
 from service.report_html import CSP
+from testbed.live import LiveServer, ServiceMode, upload_fast, wait_for
 
-from .service_live import LiveServer, ServiceMode, is_problem, upload_fast, wait_for
+from .service_live import is_problem
 
 MODEL = examples.path("vit-mnist-un")
 SERVER_ENV = {"EDGE_UN_WORKERS": "1"}  # the conftest's server (and its browser, downloads)

@@ -13,7 +13,7 @@ from .engine import (
 )
 from .inputs import ModelInputs
 from .int8_ready import METHODS, BranchDecay, RangePenalty, make_int8_ready, residual_ranges
-from .migrate import NothingToMigrateError, migrate
+from .migrate import NothingToMigrateError, migrate, migration_student
 from .recalibrate import LayerTID, RecalibrationReport, inference_statistics, recalibrate
 from .record import finetune_metadata, save_finetuned
 
@@ -35,6 +35,7 @@ __all__ = [
     "inference_statistics",
     "make_int8_ready",
     "migrate",
+    "migration_student",
     "predict",
     "recalibrate",
     "residual_ranges",

@@ -18,7 +18,7 @@ from ..norms import OFFLINE_KINDS, OfflineNorm, UnifiedNorm
 from ..swap import swap_layernorm
 from .engine import FinetuneRecipe, FinetuneResult, agreement, distill, predict
 from .inputs import ModelInputs, head, named
-from .recalibrate import recalibrate
+from .recalibrate import RecalibrationReport, recalibrate
 
 # A student that agrees with its teacher on this share of the validation samples right after the
 # swap is nearly intact: it needs polishing at a fine-tuning learning rate, not the retraining
@@ -57,19 +57,13 @@ def migrate(
     ``INTACT_AGREEMENT`` of the validation samples is fine-tuned at that learning rate instead of
     ``recipe.lr``. ``result.extras`` holds the agreement with the teacher before fine-tuning.
     """
-    if kind not in OFFLINE_KINDS:
-        raise ValueError(f"migrate to an offline norm ({', '.join(OFFLINE_KINDS)}), not {kind!r}")
     recipe = recipe or FinetuneRecipe(epochs=20, lr=1e-3)
     inputs = named(inputs)
     teacher = copy.deepcopy(model).eval()
-    student = copy.deepcopy(model)
     kwargs = dict(norm_kwargs or {})
-    swapped = swap_layernorm(student, kind, **kwargs)
-    if swapped == 0:
-        raise NothingToMigrateError("the model has no LayerNorm to migrate")
-    _record_norm_in_config(student, kind, kwargs)
-    report = recalibrate(student, inputs, batches=init_batches, batch_size=recipe.batch_size)
-    _fill_windows(student)
+    student, swapped, report = migration_student(
+        model, inputs, kind, batches=init_batches, batch_size=recipe.batch_size, norm_kwargs=kwargs
+    )
     check = val_inputs if val_inputs is not None else head(inputs, 500)
     initial = agreement(predict(student, check), predict(teacher, check))
     if log is not None:
@@ -89,6 +83,35 @@ def migrate(
         swapped=swapped, initial_agreement=initial, init_statistics=report.as_dict()
     )
     return result
+
+
+def migration_student(
+    model: nn.Module,
+    inputs: ModelInputs,
+    kind: str = "un",
+    *,
+    batches: int = 20,
+    batch_size: int = 32,
+    norm_kwargs: dict[str, Any] | None = None,
+) -> tuple[nn.Module, int, RecalibrationReport]:
+    """The student :func:`migrate` starts from, before any fine-tuning: a copy of ``model``
+    with every LayerNorm swapped for ``kind`` (weights copied), its new norms' inference
+    statistics measured on ``batches`` batches of ``inputs`` (UN's window filled with them), and
+    an edge_un model's ``config`` naming the new norm. ``model`` is left untouched.
+
+    Returns (the student, how many LayerNorms were swapped, the statistics' report). Raises
+    :class:`NothingToMigrateError` if the model has no LayerNorm."""
+    if kind not in OFFLINE_KINDS:
+        raise ValueError(f"migrate to an offline norm ({', '.join(OFFLINE_KINDS)}), not {kind!r}")
+    student = copy.deepcopy(model)
+    kwargs = dict(norm_kwargs or {})
+    swapped = swap_layernorm(student, kind, **kwargs)
+    if swapped == 0:
+        raise NothingToMigrateError("the model has no LayerNorm to migrate")
+    _record_norm_in_config(student, kind, kwargs)
+    report = recalibrate(student, inputs, batches=batches, batch_size=batch_size)
+    _fill_windows(student)
+    return student, swapped, report
 
 
 def _fill_windows(model: nn.Module) -> None:

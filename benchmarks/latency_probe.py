@@ -1,11 +1,12 @@
-"""One configuration of benchmarks/latency.py, in a process of its own (its peak RSS is its own).
+"""One configuration of benchmarks.latency, in a process of its own (its peak RSS is its own).
 
-    python benchmarks/latency_worker.py KIND MODEL INPUTS.npy
+    python -m benchmarks.latency_probe KIND MODEL INPUTS.npy
 
 KIND is ``torch`` (an edge_un checkpoint, eager fp32), ``ort`` (an ONNX file, ONNX Runtime CPU
 provider, the session options of ``quant.latency.onnx_latency``) or ``litert`` (a TFLite file,
-LiteRT with XNNPACK, as ``quant.litert.latency_tflite``). The parent sends one JSON command a
-line on stdin and reads one JSON reply a line on stdout:
+LiteRT with XNNPACK: ``quant.litert.sample_runner``, what ``quant.litert.latency_tflite``
+times). The parent sends one JSON command a line on stdin and reads one JSON reply a line on
+stdout:
 
     {"threads": 1, "batch": 1, "budget_s": 0.5, "warmup": 3}  ->  {"samples_ms": [...], ...}
     {"rss": true}                                                ->  {"maxrss_mb": ...}
@@ -19,6 +20,7 @@ static batch-1 TFLite file (LiteRT).
 
 from __future__ import annotations
 
+import argparse
 import json
 import resource
 import sys
@@ -28,10 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from quant.latency import time_calls  # noqa: E402
+from quant.latency import time_calls
 
 MIN_RUNS, MAX_RUNS = 5, 400
 
@@ -89,23 +88,18 @@ def ort_runner(path: str, inputs: np.ndarray) -> Callable[[int, int], Callable[[
 
 
 def litert_runner(path: str, inputs: np.ndarray) -> Callable[[int, int], Callable[[], object]]:
-    from quant.litert import _interpreter, _prepared
+    from quant.litert import sample_runner
 
-    interpreters: dict = {}
+    runners: dict[int, Callable[[int], np.ndarray]] = {}
 
     def make(threads: int, batch: int) -> Callable[[], object]:
-        if threads not in interpreters:
-            interpreters[threads] = _interpreter(path, threads)
-        interp = interpreters[threads]
-        feed = _prepared(interp, inputs[:batch])
-        in_index = interp.get_input_details()[0]["index"]
-        out_index = interp.get_output_details()[0]["index"]
+        if threads not in runners:  # one interpreter per thread count, the inputs prepared once
+            runners[threads] = sample_runner(path, inputs, threads)
+        run = runners[threads]
 
         def call() -> None:  # the file is batch 1: a batch is that many invokes
             for i in range(batch):
-                interp.set_tensor(in_index, feed[i : i + 1])
-                interp.invoke()
-                interp.get_tensor(out_index)
+                run(i)
 
         return call
 
@@ -116,8 +110,13 @@ RUNNERS = {"torch": torch_runner, "ort": ort_runner, "litert": litert_runner}
 
 
 def main() -> None:
-    kind, path, inputs_path = sys.argv[1:4]
-    inputs = np.load(inputs_path)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=list(RUNNERS))
+    parser.add_argument("model", help="the checkpoint, ONNX or TFLite file")
+    parser.add_argument("inputs", help="a .npy of 32 samples")
+    args = parser.parse_args()
+    kind, path = args.kind, args.model
+    inputs = np.load(args.inputs)
     base = _maxrss_mb()  # imports only (the runtime's module is imported by the runner)
     make = RUNNERS[kind](path, inputs)
     print(json.dumps({"ready": True, "base_rss_mb": base, "maxrss_mb": _maxrss_mb()}), flush=True)
