@@ -41,7 +41,6 @@ import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.results_main import ROOT, benchmark_main
+from quant.report import REPORT_FILE
+from service.job_states import FINISHED
+from testbed.servers import free_port
 
 NAME = "docker_image"
 DOCKER_CHECK = Path(os.environ.get("DOCKER_CHECK", ROOT.parent / "shared/tools/docker-check"))
@@ -183,12 +185,6 @@ def owners(path: Path) -> list[int]:
     return sorted({p.stat().st_uid for p in [path, *path.rglob("*")]})
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def last_lines(text: str, n: int = 3) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines()[-n:])
 
@@ -300,7 +296,7 @@ class Checks:
 
 def check_convert(command: str, cwd: Path, owner: int, targets: list[str]) -> dict[str, Any]:
     code, _, err, seconds = docker(command, cwd)
-    report_path = cwd / "out/report.json"
+    report_path = cwd / "out" / REPORT_FILE
     report = json.loads(report_path.read_text()) if report_path.is_file() else {}
     statuses = {name: t["status"] for name, t in report.get("targets", {}).items()}
     drift = {
@@ -410,7 +406,7 @@ def check_service(readme_token: str, readme_serve: str) -> dict[str, Any]:
             detail["upload_status"] = response.status_code
             job = response.json()
             start = time.monotonic()
-            while job.get("state") not in ("succeeded", "failed", "cancelled"):
+            while job.get("state") not in FINISHED:
                 if time.monotonic() - start > CONVERT_TIMEOUT_S:
                     break
                 time.sleep(2)

@@ -33,7 +33,7 @@ from pathlib import Path
 import service.api.app
 import service.celery_app
 import service.server
-import service.worker
+import service.job_process
 from quant.report import Report
 from service.report_html import render_report_html
 

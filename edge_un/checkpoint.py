@@ -25,7 +25,6 @@ from .models import ARCHITECTURES
 
 METADATA_KEY = "edge_un"
 FORMAT_VERSION = 1
-SAFETENSORS_SUFFIX = ".safetensors"
 PICKLE_SUFFIXES = (".pt", ".pth")
 # How a checkpoint's tensors are stored: a safetensors file, or a pickled torch state dict.
 CheckpointFormat = Literal["safetensors", "pt"]

@@ -230,7 +230,8 @@ def builder_reason(error: BaseException) -> str:
     builders raise on purpose, else the type too, marked as a bug."""
     if isinstance(error, ValueError | RuntimeError | OSError):  # the builders' own reasons
         return one_line(error)
-    return f"internal error: {type(error).__name__}: {one_line(error)}"
+    said = f": {one_line(error)}" if str(error).strip() else ""
+    return f"internal error: {type(error).__name__}{said}"
 
 
 if __name__ == "__main__":

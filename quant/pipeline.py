@@ -91,7 +91,11 @@ def convert(
     :func:`edge_un.recalibrate`, then folds; the report's ``recalibration`` says how it went.
     """
     say = progress or ignore_progress
-    profiles = tuple(PROFILES.values()) if targets is None else tuple(targets)
+    if isinstance(targets, str):
+        raise QuantError(
+            f"targets are profiles, not a string: quant.targets.parse_targets({targets!r})"
+        )
+    profiles = tuple(PROFILES.values()) if targets is None else tuple(dict.fromkeys(targets))
     if not profiles:
         raise QuantError("no targets to build: name at least one")
     if max_drift < 0:

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from converters.source import ModelFormat
+
 SCHEMA_VERSION = "1.0"
 # What a conversion writes into its output directory beside the artifacts.
 REPORT_FILE = "report.json"
@@ -37,7 +39,7 @@ class ModelInput(_Model):
 
 class ModelInfo(_Model):
     name: str
-    source_format: Literal["safetensors", "pt", "pt2", "onnx", "hf"] = Field(
+    source_format: ModelFormat = Field(
         description="hf: a Hugging Face save_pretrained directory"
     )
     parameters: int | None = Field(description="trainable parameters; None for an ONNX source")

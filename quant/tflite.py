@@ -220,9 +220,8 @@ def convert_tflite(
 def _smoke_run(files: Sequence[Path], sample: Inputs) -> tuple[str, ...]:
     """One LiteRT inference per file, so that a file the CPU runtime cannot run is said here,
     not when it is measured (the LN ViT's 16x8 file: LiteRT has no int16 SQUARED_DIFFERENCE).
-
-    Public, and called through this module's namespace: ``benchmarks/latency.py`` replaces it to
-    skip a file that aborts the process instead of raising."""
+    A file that aborts the process instead of raising cannot be caught here: ``convert_tflite``
+    then takes ``smoke_run=False``."""
     notes = []
     for path in files:
         if not path.is_file():

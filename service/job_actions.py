@@ -25,12 +25,24 @@ def find(services: Services, token_id: int | None, job_id: str) -> Job:
     with session_scope(services.settings) as session:
         job = jobs.get(session, job_id, token_id)
     if job is None:
-        raise Refused(
-            Refusal.NOT_FOUND,
-            "Not found",
-            f"no conversion {job_id[:40]!r} for this token; GET /v1/conversions lists yours",
-        )
+        raise _not_found(job_id)
     return job
+
+
+def page(
+    services: Services, token_id: int | None, limit: int, offset: int
+) -> tuple[list[Job], int]:
+    """The caller's jobs, newest first, and how many it has."""
+    with session_scope(services.settings) as session:
+        return jobs.page(session, token_id, limit, offset)
+
+
+def _not_found(job_id: str) -> Refused:
+    return Refused(
+        Refusal.NOT_FOUND,
+        "Not found",
+        f"no conversion {job_id[:40]!r} for this token; GET /v1/conversions lists yours",
+    )
 
 
 def finished_with_files(
@@ -43,7 +55,7 @@ def finished_with_files(
             Refusal.CONFLICT,
             "Not finished",
             f"the conversion is {job.state} ({stage_label(job) or 'waiting'}, "
-            f"{job.percent:g} %); poll it until its state is succeeded",
+            f"{job.percent:g} %); poll it until it has finished",
         )
     files = services.store.list(job.id)
     if files is None:
@@ -109,12 +121,18 @@ def cancel(services: Services, token_id: int | None, job_id: str) -> Job:
 
 def cancel_or_delete(services: Services, token_id: int | None, job_id: str) -> Job | None:
     """Cancel a queued or running job (the cancelled job); delete a finished one, its record
-    and its files (None)."""
+    and its files (None). Which of the two is decided in one transaction (``jobs.
+    cancel_or_remove``), never on a state read before it."""
     job = find(services, token_id, job_id)
-    cancelled = _cancel_if_active(services, job, token_id)
+    with session_scope(services.settings) as session:
+        moved = jobs.cancel_or_remove(session, job.id)
+        cancelled = jobs.get(session, job.id, token_id) if moved == "cancelled" else None
+    if moved is None:  # deleted meanwhile
+        raise _not_found(job_id)
     if cancelled is not None:
+        _stop(services, job)
         return cancelled
-    _delete(services, job)
+    services.store.delete(job.id)
     return None
 
 
@@ -122,16 +140,13 @@ def delete_finished(services: Services, token_id: int | None, job_id: str) -> No
     """Delete a finished job, its record and its files; one still queued or running is
     refused (cancel it first: a delete never stops a run)."""
     job = find(services, token_id, job_id)
-    if job.state in ACTIVE:
-        raise Refused(
-            Refusal.CONFLICT, "Not finished", f"the conversion is {job.state}; cancel it first"
-        )
-    _delete(services, job)
-
-
-def _delete(services: Services, job: Job) -> None:
     with session_scope(services.settings) as session:
-        jobs.remove(session, job.id)
+        removed = jobs.remove(session, job.id)
+    if not removed:
+        state = find(services, token_id, job_id).state
+        raise Refused(
+            Refusal.CONFLICT, "Not finished", f"the conversion is {state}; cancel it first"
+        )
     services.store.delete(job.id)
 
 
@@ -139,10 +154,16 @@ def _cancel_if_active(services: Services, job: Job, token_id: int | None) -> Job
     """Cancel ``job`` if it is still queued or running (one conditional update, so a job that
     finishes meanwhile is not cancelled): the cancelled job, else None."""
     with session_scope(services.settings) as session:
-        if job.state not in ACTIVE or not jobs.cancel(session, job.id):
+        if not jobs.cancel(session, job.id):
             return None
         cancelled = jobs.get(session, job.id, token_id)
-    services.queue.cancel(job.id)
-    if job.state == "queued":  # no process will clean up after it
-        services.store.delete_uploads(job.id)
+    _stop(services, job)
     return cancelled
+
+
+def _stop(services: Services, job: Job) -> None:
+    """After ``job`` was cancelled: stop its run, if it has one; a queued one's uploads go now
+    (no process will clean up after it)."""
+    services.queue.cancel(job.id)
+    if job.state == "queued":
+        services.store.delete_uploads(job.id)

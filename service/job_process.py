@@ -188,14 +188,14 @@ def run(settings: Settings, job_id: str, attempt: int) -> int:
         if report.outcome() == "failed":
             error = failures
     except (MemoryError, ImportError) as caught:  # an import that cannot map its libraries
-        if isinstance(caught, ImportError) and not _out_of_memory(caught, settings.job_memory_mb):
+        if isinstance(caught, ImportError) and not out_of_memory(caught, settings.job_memory_mb):
             raise
         error = _memory_message(settings)
     except (QuantError, ValueError, OSError) as caught:  # bad input: checkpoint, data, targets
         error = one_line(caught)
     except Exception as caught:  # a bug: say what, keep the traceback in the job's log
         traceback.print_exc()
-        if _out_of_memory(caught, settings.job_memory_mb):  # a native library could not allocate
+        if out_of_memory(caught, settings.job_memory_mb):  # a native library could not allocate
             error = _memory_message(settings)
         else:
             error = f"internal error during the conversion ({type(caught).__name__}: "
@@ -225,7 +225,7 @@ def run(settings: Settings, job_id: str, attempt: int) -> int:
     return 0 if error is None else 1
 
 
-def _out_of_memory(error: BaseException, limit_mb: int) -> bool:
+def out_of_memory(error: BaseException, limit_mb: int) -> bool:
     """Did ``error`` come from the address-space limit? ONNX Runtime's arena and torch's
     allocator say "memory", C++ "bad_alloc", the dynamic loader "failed to map segment"; not
     every library says it (oneDNN: "could not create a primitive"), so it also counts when this
@@ -275,7 +275,7 @@ def exit_message(
 ) -> str:
     """Why a job process that ended with ``code`` (negative: killed by that signal) without
     recording an outcome failed its job. A crash by SIGSEGV, SIGABRT or SIGBUS counts as out of
-    memory only on evidence, as :func:`_out_of_memory` does: a peak within NEAR_LIMIT of the
+    memory only on evidence, as :func:`out_of_memory` does: a peak within NEAR_LIMIT of the
     limit, or memory words in its log; else it is a crash in native code, named with the stage
     it was in and the log that has its stack."""
     if code >= 0:

@@ -219,6 +219,15 @@ def remove(session: Session, job_id: str) -> bool:
     return result.rowcount == 1
 
 
+def cancel_or_remove(session: Session, job_id: str) -> Literal["cancelled", "removed"] | None:
+    """A DELETE's move, in one transaction of conditional statements: cancel the job if it is
+    queued or running, else remove its record if it finished (also if it finished a moment
+    ago); None if it is gone."""
+    if cancel(session, job_id):
+        return "cancelled"
+    return "removed" if remove(session, job_id) else None
+
+
 def running(session: Session) -> list[Job]:
     return list(session.scalars(select(Job).where(Job.state == "running").order_by(Job.seq)))
 
@@ -361,10 +370,6 @@ def mark_dispatched(session: Session, job_id: str) -> None:
     session.execute(
         update(Job).where(Job.id == job_id, Job.state == "queued").values(dispatched_at=utcnow())
     )
-
-
-def queue_depth(session: Session) -> int:
-    return session.scalar(select(func.count()).select_from(Job).where(Job.state == "queued")) or 0
 
 
 def timestamps(job: Job) -> dict[str, datetime | None]:

@@ -141,7 +141,7 @@ def vela_svg(report: Report) -> str | None:
     axes.barh(positions, npu, color=COLORS["npu"], label="NPU ops")
     axes.barh(positions, cpu, left=npu, color=COLORS["cpu"], label="CPU ops")
     for index, target in enumerate(targets):
-        kinds = Counter(op.split(" ", 1)[0] for op in target.vela.cpu_ops)  # type: ignore[union-attr]
+        kinds = Counter(source.op for source in target.fallback_op_sources)  # Vela's CPU ops
         text = ", ".join(f"{kind} ×{count}" for kind, count in kinds.most_common(4)) or "none"
         axes.annotate(
             f"CPU: {text}".replace("$", r"\$"),

@@ -68,7 +68,7 @@ def inspect_config(path: Path) -> dict:
             "Config too large",
             f"the 'config' upload is {size:,} bytes; a config is "
             f"a small JSON object (at most {MAX_CONFIG_BYTES // MIB} MB)",
-            413,
+            Refusal.TOO_LARGE,
         )
     try:
         config = json.loads(

@@ -67,8 +67,8 @@ def server(
     tmp_path_factory: pytest.TempPathFactory,
     service_mode: ServiceMode,
 ) -> Iterator[LiveServer]:
-    """The module's live server (tests/service_live.py), in ``service_mode``, stopped after
-    the module. Its EDGE_UN_* settings beyond service_live.FAST are the module's
+    """The module's live server (testbed.live), in ``service_mode``, stopped after
+    the module. Its EDGE_UN_* settings beyond testbed.live.FAST are the module's
     ``SERVER_ENV`` (a dict; none if the module has none)."""
     env = getattr(request.module, "SERVER_ENV", {})
     name = request.module.__name__.rsplit(".", 1)[-1]

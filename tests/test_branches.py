@@ -124,6 +124,8 @@ def test_a_target_that_fails_is_reported_with_its_reason_and_the_others_complete
     assert all((tmp_path / "out" / a.name).is_file() for a in cpu.artifacts)
     summary = (tmp_path / "out" / "report.md").read_text()
     assert f"| tda4vm | failed | - | - | - | - | {PAD_REASON} |" in summary
+    assert report.outcome() == "partial"
+    assert report.failures() == f"1 of 2 targets failed: tda4vm: {PAD_REASON}"
 
 
 def test_every_target_failing_before_its_export_still_gives_the_fp32_reference(
@@ -136,6 +138,8 @@ def test_every_target_failing_before_its_export_still_gives_the_fp32_reference(
     assert report.reference.top1_fp32 == 1.0 and report.reference.samples == 150
     assert (tmp_path / "out" / "fp32" / "model_opset18_dynamic.onnx").is_file()
     assert not any(note.startswith("no fp32 reference") for note in report.notes)
+    assert report.outcome() == "failed"
+    assert report.failures() == f"every target failed: tda4vm: {PAD_REASON}"
 
 
 def test_when_no_fp32_export_works_the_report_says_why(data, tmp_path: Path) -> None:
@@ -181,6 +185,23 @@ def test_negative_bars_are_refused_before_any_work(
         convert(data["model"], targets=parse_targets("cpu"), out_dir=tmp_path / "out", **kwargs)
     assert str(refused.value) == message
     assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_exits_3_when_some_targets_failed_and_1_when_every_one_did(
+    data, tmp_path: Path
+) -> None:
+    """The rule the service's job states follow (``Report.outcome``), as convert's exit code;
+    a conversion whose targets all built exits 0."""
+    from service.cli.app import main
+
+    def convert(targets: str, out: str) -> int:
+        data_files = ["--calib", str(data["calib"]), "--eval", str(data["eval"])]
+        return main(["convert", str(data["model"]), "--target", targets, *data_files,
+                     "-o", str(tmp_path / out)])  # fmt: skip
+
+    assert convert("cpu,tda4vm", "some") == 3
+    assert convert("tda4vm", "every") == 1
+    assert convert("cpu", "none") == 0
 
 
 def test_the_cli_refuses_a_negative_drift_bar_in_one_line(
@@ -575,7 +596,7 @@ def test_an_unfinished_job_has_no_artifacts_yet(service, data):
                     problem = is_problem(answer, 409)
                     assert problem["title"] == "Not finished", route
                     assert problem["detail"] == (
-                        f"the conversion is {state}; poll it until its state is succeeded"
+                        f"the conversion is {state}; poll it until it has finished"
                     )
             for job_id in (queued, running):
                 assert client.delete(f"/v1/conversions/{job_id}").json()["state"] == "cancelled"

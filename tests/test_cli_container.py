@@ -135,11 +135,14 @@ def test_convert_defaults_to_the_targets_this_installation_can_build(
 ) -> None:
     from service.cli import convert
 
+    def names(spec: str | None) -> list[str]:
+        return [profile.name for profile in convert.targets_here(spec)]
+
     monkeypatch.setenv("EDGE_UN_TFLITE_ENV", str(tmp_path / "no-tflite-env"))
-    assert convert._targets_here(None) == "cpu,tda4vm"
+    assert names(None) == ["cpu", "tda4vm"]
     note = capsys.readouterr().err.strip()
     assert note.startswith("targets: cpu, tda4vm (not imx93, imx8mp: the TFLite converter"), note
-    assert convert._targets_here("tda4vm,cpu") == "tda4vm,cpu"
+    assert names("tda4vm,cpu") == ["tda4vm", "cpu"]
     assert capsys.readouterr().err == ""  # named targets that can be built: no note
 
 

@@ -1,5 +1,5 @@
 """service.client.Client and ``edge-un submit / jobs / status / download / cancel`` against a
-real server (tests/service_live.py, local queue mode: the client only speaks HTTP, and the
+real server (testbed.live, local queue mode: the client only speaks HTTP, and the
 end-to-end tests cover both queue modes), plus the retry policy on a scripted transport.
 
 The acceptance of issue 21: one command, ``edge-un submit MODEL --wait --download DIR``, gives

@@ -342,10 +342,10 @@ def test_shape_only_uses_do_not_block_a_torch_fold() -> None:
 
 
 @pytest.fixture(scope="module")
-def vit_onnx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def hf_vit_onnx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The HF ViT as torch writes it: dynamo with defaults (opset 20, native Gelu, weights in
     vit.onnx.data) and legacy at opset 17 with a dynamic batch (Erf, Shape nodes)."""
-    root = tmp_path_factory.mktemp("vit_onnx")
+    root = tmp_path_factory.mktemp("hf_vit_onnx")
     model, x = hf_vit(), images()
     (root / "dynamo").mkdir()
     (root / "legacy").mkdir()
@@ -358,10 +358,10 @@ def vit_onnx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("source", ["dynamo", "legacy"])
-def test_hf_vit_onnx_folds_every_norm(vit_onnx: dict[str, Path], source: str) -> None:
+def test_hf_vit_onnx_folds_every_norm(hf_vit_onnx: dict[str, Path], source: str) -> None:
     """All 9 norms fold, through the legacy exporter's Shape nodes too; the cls Gather is a
     Slice + Squeeze; the result has no external data; ORT gives the torch logits."""
-    path = vit_onnx[source]
+    path = hf_vit_onnx[source]
     before = op_histogram(onnx.load(str(path), load_external_data=False))
     folded, report = fold_onnx(path)
     assert set(actions(report).values()) == {"folded_forward"} and len(report.norms) == 9, str(
@@ -380,9 +380,9 @@ def test_hf_vit_onnx_folds_every_norm(vit_onnx: dict[str, Path], source: str) ->
 
 
 def test_dynamo_default_writes_external_data_and_loads(
-    vit_onnx: dict[str, Path], tmp_path: Path
+    hf_vit_onnx: dict[str, Path], tmp_path: Path
 ) -> None:
-    path = vit_onnx["dynamo"]
+    path = hf_vit_onnx["dynamo"]
     assert (path.parent / "vit.onnx.data").is_file()  # what torch 2.13 does by default
     moved = tmp_path / "weights"
     moved.mkdir()
@@ -400,10 +400,10 @@ def test_dynamo_default_writes_external_data_and_loads(
 
 @pytest.mark.parametrize("source", ["dynamo", "legacy"])
 @pytest.mark.parametrize("opset", [17, 18, 19, 20, 21])
-def test_opsets_17_to_21_both_ways(vit_onnx: dict[str, Path], source: str, opset: int) -> None:
+def test_opsets_17_to_21_both_ways(hf_vit_onnx: dict[str, Path], source: str, opset: int) -> None:
     """Gelu (opset 20 from dynamo) goes down as its Erf formula; the legacy exporter's Erf
     pattern (opset 17) comes up as one Gelu node (TFLite's builtin GELU, not Flex Erf)."""
-    folded, _ = fold_onnx(vit_onnx[source])
+    folded, _ = fold_onnx(hf_vit_onnx[source])
     converted = convert_opset(folded, opset)
     onnx.checker.check_model(converted, full_check=True)
     assert next(o.version for o in converted.opset_import if o.domain in ("", "ai.onnx")) == opset
@@ -515,15 +515,15 @@ BAD_REFERENCES = {
 
 @pytest.mark.parametrize("case", BAD_REFERENCES)
 def test_bad_external_data_is_refused_naming_it(
-    vit_onnx: dict[str, Path], tmp_path: Path, case: str
+    hf_vit_onnx: dict[str, Path], tmp_path: Path, case: str
 ) -> None:
     outside = tmp_path / "outside.data"
-    outside.write_bytes((vit_onnx["dynamo"].parent / "vit.onnx.data").read_bytes())
+    outside.write_bytes((hf_vit_onnx["dynamo"].parent / "vit.onnx.data").read_bytes())
     (tmp_path / "vit.onnx.data").write_bytes(outside.read_bytes())  # ../vit.onnx.data exists
     size = str(outside.stat().st_size)
     fields, problem = BAD_REFERENCES[case]
     fields = {k: v.format(outside=outside, size=size) for k, v in fields.items()}
-    path = _with_reference(vit_onnx["dynamo"], tmp_path / "model", **fields)
+    path = _with_reference(hf_vit_onnx["dynamo"], tmp_path / "model", **fields)
     (path.parent / "sub").mkdir()
     (path.parent / "sub" / "vit.onnx.data").write_bytes(outside.read_bytes())
     (path.parent / "link.data").symlink_to(outside)
@@ -536,11 +536,11 @@ def test_bad_external_data_is_refused_naming_it(
         assert repr(location) in message and message.startswith("vit.onnx: ")
 
 
-def test_symlink_inside_the_directory_is_fine(vit_onnx: dict[str, Path], tmp_path: Path) -> None:
-    path = _with_reference(vit_onnx["dynamo"], tmp_path, location="alias.data")
+def test_symlink_inside_the_directory_is_fine(hf_vit_onnx: dict[str, Path], tmp_path: Path) -> None:
+    path = _with_reference(hf_vit_onnx["dynamo"], tmp_path, location="alias.data")
     (tmp_path / "alias.data").symlink_to(tmp_path / "vit.onnx.data")
     x = images()
-    expected = torch.from_numpy(ort_run(vit_onnx["dynamo"], x))
+    expected = torch.from_numpy(ort_run(hf_vit_onnx["dynamo"], x))
     assert relative_diff(expected, ort_run(load_onnx(path), x)) <= 1e-6
 
 

@@ -20,6 +20,7 @@ from sqlalchemy import select
 from edge_un import examples
 from service import tokens
 from service.db import Token, session_scope
+from service.job_states import STATES
 from testbed.live import upload, wait_for
 
 from .service_live import converted, fast_data_parts, is_problem, job_processes
@@ -189,7 +190,7 @@ def test_metrics_count_jobs_stages_and_uploads(server, token, finished):
     stages = [(stage, seconds) for _, stage, seconds in rows]
     mine = [stage for job_id, stage, _ in rows if job_id == finished["id"]]
     assert states.count("succeeded") >= 1 and "quantize" in mine, (states, mine)
-    for state in ("queued", "running", "succeeded", "failed", "cancelled"):
+    for state in STATES:
         assert before[f'edge_un_jobs{{state="{state}"}}'] == states.count(state), state
     assert before["edge_un_queue_depth"] == states.count("queued")
     for stage in {name for name, _ in stages}:

@@ -185,13 +185,13 @@ def test_a_job_process_out_of_memory_while_loading_its_data_fails_instead_of_han
 
 
 def test_a_failure_counts_as_memory_by_its_words_or_near_the_limit_never_without_one() -> None:
-    from service.job_process import _out_of_memory
+    from service.job_process import out_of_memory
 
     silent = RuntimeError("could not create a primitive")  # says nothing about memory
-    assert _out_of_memory(RuntimeError("Failed to allocate memory for requested buffer"), 0)
-    assert _out_of_memory(silent, 1)  # this process is far past 0.8 MB of address space
-    assert not _out_of_memory(silent, 0)  # 0 = no limit: a bug stays a bug
-    assert not _out_of_memory(silent, 10**7)  # 10 TB: not near it
+    assert out_of_memory(RuntimeError("Failed to allocate memory for requested buffer"), 0)
+    assert out_of_memory(silent, 1)  # this process is far past 0.8 MB of address space
+    assert not out_of_memory(silent, 0)  # 0 = no limit: a bug stays a bug
+    assert not out_of_memory(silent, 10**7)  # 10 TB: not near it
 
 
 def test_job_process_that_aborts_fails_as_a_crash_not_as_memory(tmp_path, servers, service_mode):

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from converters.progress import ProgressEvent
 from service import jobs, tokens
 from service.db import Base, Job, Token, get_engine, session_scope, upgrade
-from service.db.migrate import alembic_config
+from service.db.migrate import alembic_config, downgrade
 from service.settings import Settings
 from service.storage import LocalArtifactStore
 from testbed.servers import PostgresServer
@@ -90,43 +90,54 @@ def test_migrations_build_exactly_the_models(settings):
             assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 
-def _downgrade(settings: Settings, revision: str) -> None:
-    from alembic import command
-
-    config = alembic_config(settings)
-    with get_engine(settings).begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, revision)
-
-
 def test_migration_0003_turns_stored_target_lists_into_json_and_back(settings):
-    """Jobs recorded before 0003 kept their targets as "cpu,imx93": the migration turns each
-    into a list of names (and its downgrade back), and the progress columns come and go."""
-    _downgrade(settings, "0002")
+    """Jobs recorded before 0003 kept their targets as "cpu,imx93" ("" for every target): the
+    migration turns each into a list of names (and its downgrade back), the progress columns
+    come and go, and a queued job's uploads move to the names the job process reads now (a
+    finished job's are not touched)."""
+    downgrade(settings, "0002")
     row = (
         "INSERT INTO jobs (id, state, percent, attempts, targets, max_drift, model_format, "
-        "model_label, upload_bytes, created_at, updated_at) VALUES (:id, 'succeeded', 100, 1, "
+        "model_label, upload_bytes, created_at, updated_at) VALUES (:id, :state, 0, 1, "
         ":targets, 0.5, 'onnx', 'm.onnx', 1, :now, :now)"
     )
     now = datetime(2026, 11, 20, 12, 0)
+    jobs_before = (
+        ("a1", "cpu,imx93", "succeeded"),
+        ("b2", "", "queued"),
+        ("c3", "tda4vm", "failed"),
+    )
     with get_engine(settings).begin() as connection:
-        for job_id, targets in (("a1", "cpu,imx93"), ("b2", ""), ("c3", "tda4vm")):
-            connection.execute(text(row), {"id": job_id, "targets": targets, "now": now})
+        for job_id, targets, state in jobs_before:
+            values = {"id": job_id, "targets": targets, "state": state, "now": now}
+            connection.execute(text(row), values)
+    old_names = ["calib.npz", "model.onnx", "model.onnx.data"]
+    for job_id in ("a1", "b2"):
+        folder = settings.data_dir / "uploads" / job_id
+        folder.mkdir(parents=True)
+        for name in old_names:
+            (folder / name).write_text(name)
     upgrade(settings)
     with session_scope(settings) as session:
         stored = {job.id: (job.targets, job.target, job.stage_detail) for job in
                   session.scalars(select(Job))}  # fmt: skip
     assert stored == {
         "a1": (["cpu", "imx93"], None, None),
-        "b2": ([], None, None),
+        "b2": (["cpu", "imx93", "imx8mp", "tda4vm"], None, None),
         "c3": (["tda4vm"], None, None),
     }
-    _downgrade(settings, "0002")
+    queued = settings.data_dir / "uploads" / "b2"
+    assert sorted(p.name for p in queued.iterdir()) == ["calib", "model", "model.onnx.data"]
+    assert (queued / "model").read_text() == "model.onnx"  # the model itself, moved
+    finished = settings.data_dir / "uploads" / "a1"
+    assert sorted(p.name for p in finished.iterdir()) == old_names
+    downgrade(settings, "0002")
     with get_engine(settings).connect() as connection:
         back = dict(connection.execute(text("SELECT id, targets FROM jobs")).all())
         columns = {c["name"] for c in inspect(connection).get_columns("jobs")}
-    assert back == {"a1": "cpu,imx93", "b2": "", "c3": "tda4vm"}
+    assert back == {"a1": "cpu,imx93", "b2": "cpu,imx93,imx8mp,tda4vm", "c3": "tda4vm"}
     assert not {"target", "stage_detail"} & columns
+    assert sorted(p.name for p in queued.iterdir()) == old_names
     upgrade(settings)
 
 

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from edge_un import examples
+from service.job_states import FINISHED
 from service.report_html import CSP
 from testbed.live import LiveServer, ServiceMode, upload_fast, wait_for
 
@@ -108,8 +109,7 @@ def test_a_person_converts_in_the_browser(browser, server, downloads) -> None:
     # ... and so does the list, which the test only opens: each reload is a new document
     click_to(browser, By.LINK_TEXT, "Conversions", "Conversions")
     loaded = browser.execute_script("return window.performance.timeOrigin")
-    finished = ("succeeded", "failed", "cancelled")
-    wait_until(lambda: seen(f"#job-{job_id} .state") in finished, 300, "finished on the list")
+    wait_until(lambda: seen(f"#job-{job_id} .state") in FINISHED, 300, "finished on the list")
     assert states[-1] == "succeeded", text(browser, "main")
     assert "running" in states, states  # watched while it ran, not only once it was done
     assert browser.execute_script("return window.performance.timeOrigin") != loaded

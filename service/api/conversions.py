@@ -16,8 +16,8 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse
 from starlette.background import BackgroundTask
 
-from .. import intake, job_actions, jobs
-from ..db import Job, session_scope
+from .. import intake, job_actions
+from ..db import Job
 from ..services import Services
 from ..uploads import MAX_DATA_FILES
 from .deps import PrincipalDep, ServicesDep
@@ -117,8 +117,7 @@ def list_conversions(
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> JobPage:
     """Your conversions, newest first."""
-    with session_scope(services.settings) as session:
-        rows, total = jobs.page(session, principal.token_id, limit, offset)
+    rows, total = job_actions.page(services, principal.token_id, limit, offset)
     base = _base(request)
     more = offset + len(rows) < total
     next_url = f"{base}/v1/conversions?limit={limit}&offset={offset + limit}" if more else None

@@ -1,13 +1,16 @@
 """Byte ranges (RFC 9110, section 14): whether a Range header can be served from a file.
 
 Starlette's FileResponse serves ranges itself but answers a bad one in plain text; this check
-runs first so that every refusal is problem+json. It accepts exactly what FileResponse serves:
-``bytes=`` followed by ranges ``START-END``, ``START-`` or ``-SUFFIX``, each inside the file.
+runs first so that every refusal is problem+json. It reads a header exactly as FileResponse does:
+the unit must be ``bytes``; parts that are not ``START-END``, ``START-`` or ``-SUFFIX`` numbers
+are passed over; what is left must select bytes inside the file, each range starting before it
+ends; and no more than MAX_RANGES parts.
 """
 
 from __future__ import annotations
 
 BAD_REQUEST, NOT_SATISFIABLE = 400, 416
+MAX_RANGES = 100  # Starlette's FileResponse.max_ranges
 
 
 def range_status(header: str, size: int) -> int | None:
@@ -16,24 +19,23 @@ def range_status(header: str, size: int) -> int | None:
     unit, equals, spec = header.partition("=")
     if not equals or unit.strip().lower() != "bytes":
         return BAD_REQUEST
-    parts = [part.strip() for part in spec.split(",") if part.strip()]
-    if not parts or not all(_fits(part, size) for part in parts):
+    if spec.count(",") + 1 > MAX_RANGES:
+        return NOT_SATISFIABLE
+    ranges = [r for r in (_parsed(part.strip(), size) for part in spec.split(",")) if r]
+    if not ranges or not all(0 <= start < size and start < end for start, end in ranges):
         return NOT_SATISFIABLE
     return None
 
 
-def _fits(part: str, size: int) -> bool:
-    first, dash, last = (text.strip() for text in part.partition("-"))
-    if not dash or not (_number(first) or _number(last)):
-        return False
-    if not all(text == "" or _number(text) for text in (first, last)):
-        return False
-    if not first:  # the last SUFFIX bytes
-        return int(last) > 0 and size > 0
-    start = int(first)
-    end = min(int(last) + 1, size) if last else size
-    return 0 <= start < size and start < end
-
-
-def _number(text: str) -> bool:
-    return text.isascii() and text.isdigit()
+def _parsed(part: str, size: int) -> tuple[int, int] | None:
+    """(start, end) of one part, end exclusive, read as FileResponse reads it (Python's int());
+    None for a part it passes over."""
+    if not part or part == "-" or "-" not in part:
+        return None
+    first, last = (text.strip() for text in part.split("-", 1))
+    try:
+        start = int(first) if first else max(size - int(last), 0)
+        end = int(last) + 1 if first and last and int(last) < size else size
+    except ValueError:
+        return None
+    return start, end

@@ -42,7 +42,7 @@ def _source(name: str) -> Path:
     return source
 
 
-def _targets_here(spec: str | None) -> tuple[TargetProfile, ...]:
+def targets_here(spec: str | None) -> tuple[TargetProfile, ...]:
     """The targets to build. Default: every target this installation can build (the others
     are named in a note); a target asked for by name that cannot be built here is refused
     before any work, in one line."""
@@ -145,7 +145,7 @@ def convert(
     """
     model = _source(source)
     out_dir = Path(out) if out else Path("edge-un-out") / model.stem
-    targets_here = _targets_here(target)
+    profiles = targets_here(target)
     resolved = _check_writable(out_dir)  # both before importing torch: a mistake costs < 1 s
     from quant.pipeline import convert as run_convert
     from quant.recalibration import recalibration_note
@@ -154,7 +154,7 @@ def convert(
         try:
             report = run_convert(
                 model,
-                targets=targets_here,
+                targets=profiles,
                 calib=calib,
                 eval=eval_data,
                 out_dir=out_dir,

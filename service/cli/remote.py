@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from converters.progress import ProgressEvent
+from service.job_states import ACTIVE, ENDED
 
 from . import output
 from .app import EXIT_FAILURE, command, exit_code
@@ -98,7 +99,9 @@ def _download(client: Client, job: JobOut, out_dir: Path) -> None:
             out_dir,
             progress=lambda name, done, total: bar(ProgressEvent(name, done / max(total, 1))),
         )
-    (out_dir / "report.html").write_text(client.report_html(job.id), encoding="utf-8")
+    from service.report_html import REPORT_HTML
+
+    (out_dir / REPORT_HTML).write_text(client.report_html(job.id), encoding="utf-8")
 
 
 def _finish(client: Client, job: JobOut, out_dir: Path | None, label: str) -> int:
@@ -107,7 +110,7 @@ def _finish(client: Client, job: JobOut, out_dir: Path | None, label: str) -> in
     from service.client import ServiceError
 
     report = None
-    if job.state in ("succeeded", "partial", "failed"):
+    if job.state in ENDED:
         try:
             report = client.report(job.id)
         except ServiceError as error:
@@ -178,8 +181,9 @@ def submit(
     """Convert on a running service: upload MODEL and queue its conversion.
 
     Prints the job id (stdout) and how to follow it; with --wait, a progress bar, then the
-    summary `convert` prints, and exit 1 if the job or a target failed. --download DIR (implies
-    --wait) fetches the artifacts and reports, each checked against its sha256.
+    summary `convert` prints, and `convert`'s exit code for the same outcome (1 if every target
+    failed, 3 if some did). --download DIR (implies --wait) fetches the artifacts and reports,
+    each checked against its sha256.
     """
     with _client(server, token) as client:
         job = client.submit(
@@ -248,7 +252,7 @@ def status(
         job = client.job(job_id)
         console = output.stdout()
         console.print(_job_line(job))
-        if job.state in ("queued", "running"):
+        if job.state in ACTIVE:
             return 0
         return _finish(client, job, None, "edge-un status")
 

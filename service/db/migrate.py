@@ -9,6 +9,7 @@ from migrating the same database at the same moment.
 from __future__ import annotations
 
 import fcntl
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -30,10 +31,21 @@ def alembic_config(settings: Settings) -> Config:
 
 def upgrade(settings: Settings, revision: str = "head") -> None:
     """Migrate the database the settings name to ``revision`` (default: the newest)."""
+    _migrate(settings, command.upgrade, revision)
+
+
+def downgrade(settings: Settings, revision: str) -> None:
+    """Migrate the database the settings name back to ``revision`` (an operator's undo)."""
+    _migrate(settings, command.downgrade, revision)
+
+
+def _migrate(settings: Settings, move: Callable[[Config, str], None], revision: str) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     config = alembic_config(settings)
     with (settings.data_dir / ".migrate.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with get_engine(settings).begin() as connection:
             config.attributes["connection"] = connection
-            command.upgrade(config, revision)
+            # a migration that changes how a job's files are laid out moves them too
+            config.attributes["data_dir"] = settings.data_dir.resolve()
+            move(config, revision)
