@@ -165,6 +165,17 @@ def test_forged_config_is_refused_before_building(tmp_path: Path) -> None:
     assert status == 422 and grown_mb < 1000, (result.stdout, result.stderr[-2000:])
 
 
+def test_a_config_larger_than_a_config_can_be_is_content_too_large(tmp_path: Path) -> None:
+    """Over 1 MB of JSON is refused by its size before it is parsed: 413, as for a model over
+    the upload limit."""
+    big = tmp_path / "config"
+    big.write_text('{"architecture": "vit", "pad": "' + "x" * (1 << 20) + '"}')
+    with pytest.raises(UploadRejected) as caught:
+        read_config(big)
+    assert status_of(caught.value) == 413 and caught.value.title == "Config too large"
+    assert f"{big.stat().st_size:,} bytes" in caught.value.detail
+
+
 def test_implied_parameters_bound_the_real_count() -> None:
     """The estimate is a lower bound close to the truth, so the limit is about real size."""
     for name in ("vit-mnist-un", "text-rt-un"):
