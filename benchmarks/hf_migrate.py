@@ -217,9 +217,17 @@ def plot(results: dict[str, Any]) -> None:
     for axis, (model, runs) in zip(np.atleast_1d(axes), results["runs"].items(), strict=True):
         for seed, run in runs.items():
             values = [100 * (run["targets"][t]["pure_agreement"] or 0) for t in TARGET_NAMES]
-            axis.plot(TARGET_NAMES, values, marker="o", label=f"seed {seed}")
+            (line,) = axis.plot(TARGET_NAMES, values, marker="o", label=f"seed {seed}")
+            for position, name in enumerate(TARGET_NAMES):  # recipe 1, where the ladder moved
+                tried = run["targets"][name].get("recipes_tried") or []
+                if len(tried) > 1:
+                    first = 100 * tried[0]["agreement"]
+                    axis.plot(position, first, marker="o", color="none",
+                              markeredgecolor=line.get_color(), linestyle="none")  # fmt: skip
+                    axis.annotate("recipe 1", (position, first), textcoords="offset points",
+                                  xytext=(6, -3), fontsize=7)  # fmt: skip
         axis.axhline(100 * DEFAULT_MIN_AGREEMENT, color="k", linestyle="--", linewidth=0.8)
-        axis.set_title(f"HF {model}: pure int8 agreement after int8-ready")
+        axis.set_title(f"HF {model}: pure int8 agreement after int8-ready (hollow: recipe 1)")
         axis.set_ylabel("top-1 agreement with fp32 (%)")
         axis.legend(fontsize=8)
     figure.tight_layout()
