@@ -12,9 +12,11 @@ through the command line with its defaults: ``edge-un migrate DIR`` (to UN, dist
 frozen LN teacher), ``edge-un finetune --int8-ready`` (README's recipe: ``range 8`` for the ViT,
 ``range 32`` for the text model) and ``edge-un convert`` for every target, for seeds 0, 1, 2.
 Recorded: fp32 test accuracy at each step (held-out test split), the migration's learning rate
-and kept epoch, and each target's pure int8 drift (before any 16-bit fallback) in the target's
-arithmetic, after the int8-ready step and, for comparison, of the migrated model as it is. The
-six chains run two at a time, one thread each.
+and kept epoch, and each target's pure int8 drift (the shipped file before any 16-bit fallback)
+in the target's arithmetic, after the int8-ready step and, for comparison, of the migrated model
+as it is; for a QDQ ONNX target also the int8 recipe it shipped and every recipe of its ladder
+tried before (``TargetProfile.int8_recipes``: the first recipe's figure is the file before the
+ladder). The six chains run two at a time, one thread each.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from benchmarks.results_main import benchmark_main, save_figure
 from edge_un import examples
 from quant.host import describe_host
 from quant.report import REPORT_FILE, Report
-from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, TARGET_NAMES
+from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TARGET_NAMES
 
 NAME = "hf_migrate"
 SEEDS = (0, 1, 2)
@@ -106,8 +108,9 @@ def chain(model: str, seed: int, work: Path) -> dict[str, Any]:
 
 
 def converted(model: Path, out: Path) -> tuple[dict[str, Any], int]:
-    """``edge-un convert`` for every target: each target's pure int8 drift, and the exit code
-    (1 when every target failed, 3 when some did: recorded, not raised)."""
+    """``edge-un convert`` for every target: each target's pure int8 drift, the int8 recipe it
+    shipped and the ones tried before it, and the exit code (1 when every target failed, 3 when
+    some did: recorded, not raised)."""
     convert = subprocess.run([*CLI, "convert", str(model), "-o", str(out)], capture_output=True)
     targets = {}
     for name, target in Report.read(out / REPORT_FILE).targets.items():
@@ -119,6 +122,8 @@ def converted(model: Path, out: Path) -> tuple[dict[str, Any], int]:
             "pure_drop_pts": None if pure is None else pure.top1_drop_pts,
             "pure_within_bar": None if pure is None else pure.within_bar,
             "arithmetic": None if pure is None else pure.arithmetic,
+            "int8_recipe": target.int8_recipe,
+            "recipes_tried": [trial.model_dump() for trial in target.recipes_tried],
         }
     return targets, convert.returncode
 
@@ -148,7 +153,8 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"Made by `python -m benchmarks.hf_migrate` on {host.label()}. fp32 top-1 on the "
         "held-out test split; pure int8 = the file before any 16-bit fallback, top-1 agreement "
-        "with fp32 / top-1 drop, in each target's arithmetic. Bars: migrated within 0.5 pt of "
+        'with fp32 / top-1 drop, in each target\'s arithmetic ("recipe N": the int8 recipe the '
+        "file shipped, below, when recipe 1 missed the bars). Bars: migrated within 0.5 pt of "
         "its teacher; "
         f"int8 drop <= {DEFAULT_MAX_DRIFT} pt and agreement >= "
         f"{100 * DEFAULT_MIN_AGREEMENT:.0f} %.",
@@ -173,6 +179,7 @@ def markdown(results: dict[str, Any]) -> str:
                 + f" | {worst_name} {_drift_cell(worst)} | {run['seconds']['migrate']:.0f} / "
                 f"{run['seconds']['int8-ready']:.0f} / {run['seconds']['convert']:.0f} s |"
             )
+    lines += ["", *_ladder_lines()]
     return "\n".join(lines) + "\n"
 
 
@@ -180,7 +187,29 @@ def _drift_cell(target: dict[str, Any]) -> str:
     if target.get("pure_agreement") is None:
         return f"failed: {target.get('error')}"
     mark = "" if target["pure_within_bar"] else " (over)"
-    return f"{_pct(target['pure_agreement'])} / {target['pure_drop_pts']:.1f}{mark}"
+    cell = f"{_pct(target['pure_agreement'])} / {target['pure_drop_pts']:.1f}{mark}"
+    tried = target.get("recipes_tried") or []
+    if len(tried) > 1:  # the ladder moved: which recipe shipped, and the first one's figure
+        first = tried[0]
+        cell += (
+            f", recipe {len(tried)} (recipe 1: {_pct(first['agreement'])} / "
+            f"{first['top1_drop_pts']:.1f}{'' if first['within_bar'] else ' over'})"
+        )
+    return cell
+
+
+def _ladder_lines() -> list[str]:
+    """What recipe 1, 2, ... of each QDQ ONNX target is (quant.targets)."""
+    lines = []
+    for profile in PROFILES.values():
+        if "onnx_qdq" in profile.artifacts:
+            steps = "; ".join(
+                f"{number}. {recipe.recipe}"
+                for number, recipe in enumerate(profile.int8_recipes, start=1)
+            )
+            lines.append(f"- {profile.name} int8 recipes, each tried only when the one before "
+                         f"misses the bars: {steps}")  # fmt: skip
+    return lines
 
 
 def plot(results: dict[str, Any]) -> None:
@@ -188,9 +217,17 @@ def plot(results: dict[str, Any]) -> None:
     for axis, (model, runs) in zip(np.atleast_1d(axes), results["runs"].items(), strict=True):
         for seed, run in runs.items():
             values = [100 * (run["targets"][t]["pure_agreement"] or 0) for t in TARGET_NAMES]
-            axis.plot(TARGET_NAMES, values, marker="o", label=f"seed {seed}")
+            (line,) = axis.plot(TARGET_NAMES, values, marker="o", label=f"seed {seed}")
+            for position, name in enumerate(TARGET_NAMES):  # recipe 1, where the ladder moved
+                tried = run["targets"][name].get("recipes_tried") or []
+                if len(tried) > 1:
+                    first = 100 * tried[0]["agreement"]
+                    axis.plot(position, first, marker="o", color="none",
+                              markeredgecolor=line.get_color(), linestyle="none")  # fmt: skip
+                    axis.annotate("recipe 1", (position, first), textcoords="offset points",
+                                  xytext=(6, -3), fontsize=7)  # fmt: skip
         axis.axhline(100 * DEFAULT_MIN_AGREEMENT, color="k", linestyle="--", linewidth=0.8)
-        axis.set_title(f"HF {model}: pure int8 agreement after int8-ready")
+        axis.set_title(f"HF {model}: pure int8 agreement after int8-ready (hollow: recipe 1)")
         axis.set_ylabel("top-1 agreement with fp32 (%)")
         axis.legend(fontsize=8)
     save_figure(figure, NAME)

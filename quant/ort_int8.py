@@ -4,9 +4,10 @@ Nothing here calibrates by hand: ``quant_pre_process`` then ``quantize_static`` 
 profile only chooses the options, and ``int16_tensors`` moves named activations to 16 bits
 through ORT's ``TensorQuantOverrides`` (the drift fallback). Around it, a profile may ask for
 ONNX Runtime's speed rewrites (``quant.ort_graph``: Linears as Gemm before, float inputs for
-Softmax/GELU after) and for power-of-two scales (TIDL's simple calibration): each scale becomes
+Softmax/GELU after), for power-of-two scales (TIDL's simple calibration): each scale becomes
 the power of two just below or above it, whichever quantizes the calibration values with the
-smaller squared error, and the integer weights are re-quantized to their new scale.
+smaller squared error, and the integer weights are re-quantized to their new scale; and for
+its int32 biases corrected on the calibration data (``quant.bias_correction``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from onnxruntime.quantization.qdq_loss_debug import (
     modify_model_output_intermediate_tensors,
 )
 
+from .bias_correction import correct_biases
 from .data import Feeds, Samples, feed_for
 from .ort_graph import float_inputs, linear_as_gemm
 from .targets import TargetProfile
@@ -101,18 +103,19 @@ def quantize_onnx(
                 "TensorQuantOverrides": overrides,
             },
         )
-        if profile.power_of_two_scales:
-            # MinMax scales first: they give each activation its two power-of-two candidates
+        if profile.power_of_two_scales or profile.float_inputs or profile.bias_correction:
             quantized = onnx.load(str(out_path))
-            scales = _activation_scales(
-                quantized, prepared, calibration.head(POWER_OF_TWO_SAMPLES), Path(scratch)
-            )
-            round_scales_to_power_of_two(quantized, scales)
+            if profile.power_of_two_scales:
+                # MinMax scales first: they give each activation its two power-of-two candidates
+                scales = _activation_scales(
+                    quantized, prepared, calibration.head(POWER_OF_TWO_SAMPLES), Path(scratch)
+                )
+                round_scales_to_power_of_two(quantized, scales)
+            if profile.float_inputs:
+                float_inputs(quantized, profile.float_inputs)
+            if profile.bias_correction:  # last: on the graph that ships, with its final scales
+                correct_biases(quantized, onnx.load(str(prepared)), calibration)
             onnx.save_model(quantized, str(out_path))
-    if profile.float_inputs:
-        quantized = onnx.load(str(out_path))
-        float_inputs(quantized, profile.float_inputs)
-        onnx.save_model(quantized, str(out_path))
     return out_path
 
 

@@ -135,6 +135,15 @@ class Exclusion(_Model):
     est_cost: str | None = None
 
 
+class RecipeTrial(_Model):
+    """One int8 recipe of a target's ladder, and the drift of its pure int8 file."""
+
+    recipe: str
+    top1_drop_pts: float | None
+    agreement: float
+    within_bar: bool
+
+
 class Vela(_Model):
     accelerator: str
     system_config: str
@@ -172,6 +181,17 @@ class TargetResult(_Model):
     drift: Drift | None = None
     pure_int8_drift: Drift | None = Field(
         default=None, description="before any fallback, when the fallback changed something"
+    )
+    int8_recipe: str | None = Field(
+        default=None,
+        description="the int8 recipe of the shipped QDQ ONNX file (its weights, activations, "
+        "scales and biases), before any 16-bit tensor",
+    )
+    recipes_tried: list[RecipeTrial] = Field(
+        default=[],
+        description="a QDQ ONNX target's int8 recipes in the order tried, each while the one "
+        "before it missed the drift bars, with its pure int8 drift; the shipped file's is the "
+        "first within the bars, else the one with the highest agreement",
     )
     host_drift: Drift | None = Field(
         default=None,

@@ -53,6 +53,34 @@ def check_onnx_artifact(path: Path, profile: TargetProfile) -> None:
             raise RuleViolation(f"{name}: {node.name} is unsigned; the target needs signed")
         if profile.power_of_two_scales and not is_power_of_two(scale):
             raise RuleViolation(f"{name}: {node.name} has a scale that is not a power of two")
+    _check_weights(model, profile, name)
+
+
+# ORT's x86 u8s8 kernels without VNNI add pairs of u8 x s8 products in int16 (VPMADDUBSW):
+# 2 x 255 x 64 = 32640 fits, 2 x 255 x 128 does not. The largest s8 weight of a 7-bit file.
+SEVEN_BIT_MAX = 64
+
+
+def _check_weights(model: onnx.ModelProto, profile: TargetProfile, name: str) -> None:
+    """The weights' type and range the profile promises (what keeps a cpu file from saturating
+    the int8 kernels of an x86 without VNNI): s8 constants within 7 bits when it says 7 bits;
+    none at all when its weights are u8 (U8U8 kernels)."""
+    if profile.weight_bits != 7 and profile.weight_type != "uint8":
+        return
+    initializers = {init.name: init for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type != "DequantizeLinear" or node.input[0] not in initializers:
+            continue
+        values = numpy_helper.to_array(initializers[node.input[0]])
+        if values.dtype != np.int8:
+            continue
+        if profile.weight_type == "uint8":
+            raise RuleViolation(f"{name}: {node.input[0]} is s8; the target's weights are u8")
+        if np.abs(values.astype(np.int16)).max(initial=0) > SEVEN_BIT_MAX:
+            raise RuleViolation(
+                f"{name}: {node.input[0]} exceeds 7 bits ([-{SEVEN_BIT_MAX}, {SEVEN_BIT_MAX}]): "
+                "it can saturate int8 kernels without VNNI"
+            )
 
 
 def _constant(initializers: dict[str, onnx.TensorProto], name: str, what: str) -> np.ndarray:

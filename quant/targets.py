@@ -8,7 +8,7 @@ on every file produced. Facts behind each profile: ``shared/docs/targets-and-too
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from .errors import UnknownTargetError
@@ -61,10 +61,13 @@ class TargetProfile:
     activation_type: ActivationType
     symmetric_activations: bool
     weight_type: WeightType
-    # 7: int8 weights kept in [-64, 63]. ORT's x86 u8s8 kernels without VNNI add pairs of
+    # 7: int8 weights kept in [-64, 64]. ORT's x86 u8s8 kernels without VNNI add pairs of
     # u8 x s8 products in int16 (VPMADDUBSW): 2 x 255 x 128 overflows it, 2 x 255 x 64 cannot.
     weight_bits: int
     power_of_two_scales: bool
+    # each int32 bias corrected by its output channel's mean int8 error on the calibration data
+    # (quant.bias_correction)
+    bias_correction: bool
     full_integer: bool  # no float op or tensor may remain (NPU-only graphs)
     # The conversion host's ONNX Runtime is one of the target's runtimes (cpu): its kernels'
     # drift is measured and reported beside the exact figure, which stays the target's.
@@ -76,6 +79,39 @@ class TargetProfile:
     float_inputs: frozenset[str]
     accelerator_ops: frozenset[str]  # ops its accelerator runs; empty = everything
     notes: str
+    # INT8_RECIPES added one after another, each only when the pure int8 file before it misses
+    # the drift bars, before any 16-bit fallback: every file of this ladder is pure int8
+    int8_ladder: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.int8_ladder if name not in INT8_RECIPES]
+        if unknown:
+            raise ValueError(f"{self.name}: unknown int8 recipes {unknown}")
+
+    @property
+    def int8_recipes(self) -> tuple[TargetProfile, ...]:
+        """The profile itself, then each step of its ladder: the profile with that step's
+        recipe and every one before it applied (an empty ladder: the profile alone)."""
+        rungs = [replace(self, int8_ladder=())]
+        for name in self.int8_ladder:
+            rungs.append(replace(rungs[-1], **dict(INT8_RECIPES[name].changes)))
+        return tuple(rungs)
+
+    @property
+    def recipe(self) -> str:
+        """The int8 recipe of a QDQ ONNX file, in a few words (the report's ``int8_recipe``)."""
+        parts = [
+            "u8 weights in 8 bits (U8U8 kernels)"
+            if self.weight_type == "uint8"
+            else f"s8 weights in {self.weight_bits} bits",
+            f"{'s8' if self.activation_type == 'int8' else 'u8'}"
+            f"{' symmetric' if self.symmetric_activations else ''} activations",
+        ]
+        if self.power_of_two_scales:
+            parts.append("power-of-two scales")
+        if self.bias_correction:
+            parts.append("biases corrected on the calibration data")
+        return ", ".join(parts)
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -83,7 +119,7 @@ class TargetProfile:
         rules = [
             f"opset {self.opset}, batch {'1 (static shapes)' if self.static_batch else 'dynamic'}",
             f"weights {self.weight_type}"
-            + (" in 7 bits ([-64, 63])" if self.weight_bits == 7 else "")
+            + (" in 7 bits ([-64, 64])" if self.weight_bits == 7 else "")
             + ", symmetric, per channel",
             f"activations {self.activation_type}, "
             + ("symmetric" if self.symmetric_activations else "asymmetric"),
@@ -112,6 +148,10 @@ class TargetProfile:
             )
         if "tflite" in self.artifacts:
             rules.append("drift measured with LiteRT's int8 kernels (int32 sums on every CPU)")
+        for number, name in enumerate(self.int8_ladder):
+            recipe = INT8_RECIPES[name]
+            when = "if it still misses them" if number else "if the pure int8 file misses the bars"
+            rules.append(f"{when}: {recipe.name} ({recipe.why}), still pure int8")
         rules.append(
             {
                 "int16_tensors": "drift fallback: the most sensitive tensors to 16-bit",
@@ -120,6 +160,36 @@ class TargetProfile:
             }[self.fallback]
         )
         return tuple(rules)
+
+
+@dataclass(frozen=True)
+class Int8Recipe:
+    """One step of a target's ``int8_ladder``: the profile fields it changes, and why it is not
+    in the target's first recipe (what it costs)."""
+
+    name: str
+    changes: tuple[tuple[str, object], ...]
+    why: str
+
+
+INT8_RECIPES: dict[str, Int8Recipe] = {
+    "bias_correction": Int8Recipe(
+        name="each int32 bias corrected by its output channel's mean int8 error on the "
+        "calibration data",
+        changes=(("bias_correction", True),),
+        why="removes the systematic part of the weights' rounding error; free at run time, "
+        "one pass over the calibration data per bias at conversion",
+    ),
+    # ORT's x86 U8U8 kernels widen both operands to int16 and add pairs in int32, never in int16
+    # as its u8s8 kernels do without VNNI (VPMADDUBSW): 8-bit weights cannot saturate there either
+    # (benchmarks/results/cpu_recipe.md; tests/test_int8_hosts.py runs one under QEMU's Haswell)
+    "u8u8": Int8Recipe(
+        name="u8 weights in 8 bits (U8U8 kernels)",
+        changes=(("weight_type", "uint8"), ("weight_bits", 8)),
+        why="one weight bit more than 7-bit s8, and no int16 pair sums on x86 without VNNI "
+        "either; 17 % slower than s8 weights on ViT-Tiny",
+    ),
+}
 
 
 PROFILES: dict[str, TargetProfile] = {
@@ -138,6 +208,7 @@ PROFILES: dict[str, TargetProfile] = {
             weight_type="int8",
             weight_bits=7,
             power_of_two_scales=False,
+            bias_correction=False,
             full_integer=False,
             host_kernel_drift=True,
             fallback="int16_tensors",
@@ -147,6 +218,7 @@ PROFILES: dict[str, TargetProfile] = {
             float_inputs=frozenset({"Softmax", "Gelu"}),
             accelerator_ops=ORT_CPU_OPS,
             notes="reference target; the int8 ONNX file also runs on any ORT build",
+            int8_ladder=("bias_correction", "u8u8"),
         ),
         TargetProfile(
             name="imx93",
@@ -160,6 +232,7 @@ PROFILES: dict[str, TargetProfile] = {
             weight_type="int8",
             weight_bits=8,
             power_of_two_scales=False,
+            bias_correction=False,
             full_integer=True,
             host_kernel_drift=False,
             fallback="int16_model",  # Ethos-U runs 16x8
@@ -167,6 +240,7 @@ PROFILES: dict[str, TargetProfile] = {
             float_inputs=frozenset(),
             accelerator_ops=ETHOS_U_OPS,
             notes="ops Vela cannot place run on the Cortex-A55",
+            int8_ladder=(),
         ),
         TargetProfile(
             name="imx8mp",
@@ -180,6 +254,7 @@ PROFILES: dict[str, TargetProfile] = {
             weight_type="int8",
             weight_bits=8,
             power_of_two_scales=False,
+            bias_correction=False,
             full_integer=True,
             host_kernel_drift=False,
             fallback="none",  # no float/int8 mixing, no int16 on the NPU path
@@ -187,6 +262,7 @@ PROFILES: dict[str, TargetProfile] = {
             float_inputs=frozenset(),
             accelerator_ops=VX_DELEGATE_OPS,
             notes="per-tensor int8; NPU integer math is not bit-exact vs the CPU",
+            int8_ladder=(),
         ),
         TargetProfile(
             name="tda4vm",
@@ -200,6 +276,7 @@ PROFILES: dict[str, TargetProfile] = {
             weight_type="int8",
             weight_bits=8,
             power_of_two_scales=True,
+            bias_correction=False,
             full_integer=False,
             host_kernel_drift=False,
             # TIDL runs selected layers in 16 bits, but it takes that list from its own import
@@ -210,6 +287,7 @@ PROFILES: dict[str, TargetProfile] = {
             float_inputs=frozenset(),  # TIDL runs the whole graph in integer
             accelerator_ops=TIDL_OPS,
             notes="symmetric only, power-of-2 scales, both MatMul inputs signed",
+            int8_ladder=("bias_correction",),
         ),
     )
 }

@@ -36,7 +36,8 @@ EMULATED_SAMPLES = 200  # ~15 s a file under QEMU; enough for the 8-bit file to 
 
 @pytest.fixture(scope="module")
 def cpu_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Per bundled ViT: its fp32 file, the cpu target's file and an 8-bit-weight twin."""
+    """Per bundled ViT: its fp32 file, the cpu target's file, an 8-bit-weight twin and the
+    cpu ladder's U8U8 file (u8 weights in 8 bits, biases corrected)."""
     directory = tmp_path_factory.mktemp("hosts")
     files = {}
     for name in ("vit-mnist-ln-to-un", "vit-mnist-un"):
@@ -45,12 +46,15 @@ def cpu_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         export_folded(folded, fp32, opset=CPU.opset, dynamic_batch=True)
         calibration = checkpoint_samples(folded.info, "train", 256)
         portable, eight_bit = directory / f"{name}_cpu.onnx", directory / f"{name}_8bit.onnx"
+        u8u8 = directory / f"{name}_u8u8.onnx"
         quantize_onnx(fp32, portable, CPU, calibration)
         quantize_onnx(fp32, eight_bit, dataclasses.replace(CPU, weight_bits=8), calibration)
+        quantize_onnx(fp32, u8u8, CPU.int8_recipes[-1], calibration)
         files[name] = {
             "fp32": fp32,
             "cpu": portable,
             "8bit": eight_bit,
+            "u8u8": u8u8,
             "test": checkpoint_samples(folded.info, "test"),
         }
     return files
@@ -98,6 +102,21 @@ def test_on_a_cpu_without_vnni_the_cpu_file_computes_its_exact_arithmetic(cpu_fi
     exact = exact_outputs(files["cpu"], inputs)
     assert min_cosine(portable, exact) > 0.995
     assert (portable.argmax(-1) == exact.argmax(-1)).mean() >= 0.99
+
+
+def test_the_cpu_ladders_u8u8_file_computes_its_exact_arithmetic_without_vnni(
+    cpu_files: dict,
+) -> None:
+    """The cpu ladder's last pure int8 recipe keeps 8-bit weights: host-safe only because ORT's
+    U8U8 kernels never add products in int16. Checked where it matters, on an AVX2 core."""
+    if not qemu_available():
+        missing("qemu-x86_64 (Debian qemu-user) is not installed")
+    files = cpu_files["vit-mnist-ln-to-un"]
+    inputs = files["test"].inputs[:EMULATED_SAMPLES]
+    emulated = run_onnx_emulated(files["u8u8"], inputs)
+    exact = exact_outputs(files["u8u8"], inputs)
+    assert min_cosine(emulated, exact) > 0.995
+    assert (emulated.argmax(-1) == exact.argmax(-1)).mean() >= 0.99
 
 
 def test_the_cpu_profile_uses_7_bit_weights_and_says_why() -> None:

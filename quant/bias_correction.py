@@ -1,0 +1,139 @@
+"""Empirical bias correction of an int8 QDQ ONNX model, from calibration data only.
+
+Why: rounding a Linear's weights (to 7 or 8 bits, and for TIDL to a power-of-two scale per
+channel) shifts the mean of each output channel whenever the input's mean is not zero (GELU
+outputs, the residual stream): ``sum_k (Wq - W)[c, k] * E[x_k]`` is the same on every sample,
+so it does not average out downstream as rounding noise does. The int32 bias of the integer
+kernel can absorb it for free: each bias is lowered by its output channel's mean error, the
+int8 model's mean minus the fp32 model's on the calibration data (the empirical variant of
+Nagel et al., "Data-Free Quantization Through Weight Equalization and Bias Correction", ICCV
+2019). Measured (logit RMS error against fp32 on the test split): on two migrated HF ViTs
+tda4vm 0.51 -> 0.44 and 0.44 -> 0.35, cpu 0.35 -> 0.34; on the bundled HF BERT tda4vm 0.041 ->
+0.039, cpu 0.030 -> 0.024.
+
+Sequential, in graph order: each bias is measured with every bias before it already corrected,
+because an upstream correction changes what reaches it. Correcting all of them from one
+measurement counts the upstream error twice (measured on the same ViT: RMS error 0.51 -> 0.84).
+Only the bias values change; every scale, and so every rule of the target, stays as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX
+
+from .data import Samples, feed_for
+
+BATCH = 32  # samples per run for a model without a fixed batch
+
+
+@dataclass(frozen=True)
+class BiasSite:
+    """An integer kernel's int32 bias and the output it is added into."""
+
+    bias: str  # the int32 initializer
+    scale: str  # its scale: input scale x weight scale, left as it is
+    output: str  # the Conv/Gemm output in the int8 model, before its QuantizeLinear
+    reference: str  # the same tensor in the fp32 model
+    channel_axis: int  # where its channels are: 1 for Conv (NCHW), -1 for Gemm
+
+
+def bias_sites(model: onnx.ModelProto, fp32_tensors: set[str]) -> list[BiasSite]:
+    """Every Conv/Gemm of the QDQ ``model`` whose bias is a constant int32 DequantizeLinear and
+    whose output the fp32 model also has, in graph order. ORT's quantizer renames an output it
+    quantizes that is also a graph output: its float twin ends in ``_QuantizeLinear_Input``."""
+    initializers = {init.name: init for init in model.graph.initializer}
+    dequantized = {n.output[0]: n for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    sites = []
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "Gemm") or len(node.input) < 3:
+            continue
+        feed = dequantized.get(node.input[2])
+        if feed is None or feed.input[0] not in initializers:
+            continue
+        if initializers[feed.input[0]].data_type != onnx.TensorProto.INT32:
+            continue
+        output = node.output[0]
+        reference = output.removesuffix(QUANT_INPUT_SUFFIX)
+        if reference not in fp32_tensors:
+            continue
+        axis = 1 if node.op_type == "Conv" else -1
+        sites.append(BiasSite(feed.input[0], feed.input[1], output, reference, axis))
+    return sites
+
+
+def correct_biases(model: onnx.ModelProto, fp32: onnx.ModelProto, samples: Samples) -> int:
+    """Correct, in place, every int32 bias of the QDQ ``model`` (``bias_sites``) by its output
+    channel's mean error against ``fp32`` (the graph it was quantized from) on ``samples``;
+    returns how many biases were corrected. One pass of the fp32 model, then one of the int8
+    model per bias, in the exact arithmetic (graph optimizations off, as the drift is measured)."""
+    tensors = {out for node in fp32.graph.node for out in node.output}
+    sites = bias_sites(model, tensors)
+    if not sites:
+        return 0
+    targets = {site.reference: site.channel_axis for site in sites}
+    fp32_means = channel_means(fp32, targets, samples)
+    initializers = {init.name: init for init in model.graph.initializer}
+    for site in sites:
+        int8_mean = channel_means(model, {site.output: site.channel_axis}, samples)[site.output]
+        error = int8_mean - fp32_means[site.reference]
+        bias = initializers[site.bias]
+        values = numpy_helper.to_array(bias).astype(np.float64)
+        scale = numpy_helper.to_array(initializers[site.scale]).astype(np.float64)
+        info = np.iinfo(np.int32)
+        corrected = np.clip(np.round(values - error / scale), info.min, info.max)
+        bias.CopyFrom(numpy_helper.from_array(corrected.astype(np.int32), site.bias))
+    return len(sites)
+
+
+def channel_means(
+    model: onnx.ModelProto, tensors: Mapping[str, int], samples: Samples
+) -> dict[str, np.ndarray]:
+    """Tensor name -> its mean per channel (the axis given: 1 or -1) over every sample and
+    position, the model run as written; streamed, so only the sums stay in memory. Rows a
+    fixed-batch model pads its last batch with are left out."""
+    augmented = onnx.ModelProto()
+    augmented.CopyFrom(model)
+    graph_outputs = {value.name for value in augmented.graph.output}
+    augmented.graph.output.extend(
+        onnx.ValueInfoProto(name=name) for name in tensors if name not in graph_outputs
+    )
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(
+        augmented.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    input_names = [value.name for value in session.get_inputs()]
+    names = list(tensors)
+    first = session.get_inputs()[0].shape[0]
+    fixed = first if isinstance(first, int) and first > 0 else None
+    size = fixed or BATCH
+    sums: dict[str, np.ndarray] = {}
+    counts = dict.fromkeys(names, 0)
+    for start, chunk in zip(
+        range(0, len(samples), size), samples.batches(size, pad=fixed is not None), strict=True
+    ):
+        real = min(size, len(samples) - start)  # the rest of a padded batch repeats its last row
+        outputs = session.run(names, feed_for(input_names, chunk))
+        for name, value in zip(names, outputs, strict=True):
+            rows = channel_rows(value, len(next(iter(chunk.values()))), real, tensors[name])
+            sums[name] = sums.get(name, 0.0) + rows.sum(axis=0, dtype=np.float64)
+            counts[name] += len(rows)
+    return {name: sums[name] / counts[name] for name in names}
+
+
+def channel_rows(value: np.ndarray, batch: int, real: int, axis: int) -> np.ndarray:
+    """One run's ``value`` as (positions, channels), from the first ``real`` of its ``batch``
+    samples. Both layouts are batch-major: a Conv's (N, C, ...) and a Gemm's (N x tokens, C)."""
+    per_sample = value.reshape(batch, -1)[:real]
+    if axis == 1:  # (N, C, ...) -> (N x ..., C)
+        channels = value.shape[1]
+        return np.moveaxis(per_sample.reshape(real, channels, -1), 1, -1).reshape(-1, channels)
+    return per_sample.reshape(-1, value.shape[-1])
