@@ -22,10 +22,10 @@ from quant.bias_correction import channel_means
 from quant.data import Samples, checkpoint_samples
 from quant.drift import Drift, onnx_runner
 from quant.errors import RuleViolation
-from quant.job import Bars, TargetJob
 from quant.onnx_target import RecipeTrial, build_onnx_target, kept_recipe
 from quant.ort_int8 import quantize_onnx
 from quant.rules import check_onnx_artifact
+from quant.target_job import Bars, TargetJob
 from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TargetProfile
 
 CPU, TDA4VM = PROFILES["cpu"], PROFILES["tda4vm"]
@@ -160,7 +160,7 @@ def job(vit: dict, tmp_path: Path, bars: Bars, evaluation: Samples) -> TargetJob
         profile=TDA4VM, fp32_path=fp32, target_dir=target_dir, out_dir=tmp_path,
         calibration=vit["calibration"], evaluation=evaluation,
         reference=onnx_runner(fp32)(evaluation.feeds), bars=bars,
-        stage=lambda name, fraction: None, latency_runs=2,
+        stage=lambda name, fraction, detail=None: None, latency_runs=2,
     )  # fmt: skip
 
 
