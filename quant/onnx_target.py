@@ -22,6 +22,8 @@ the accumulated error, which blames the softmax outputs for noise that arises up
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,14 +73,17 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
         return measure(exact=True)
 
     trials: list[RecipeTrial] = []
-    for number, recipe in enumerate(profile.int8_recipes):
-        stage("quantize", 0.1, "ONNX Runtime" if not number else f"int8 recipe {number + 1}")
-        trials.append(RecipeTrial(recipe, quantize_and_measure(recipe, ())))
-        if trials[-1].drift.within(bars.max_drop_pts, bars.min_agreement):
-            break
-    kept = kept_recipe(trials, bars)
-    if kept is not trials[-1]:  # the file on disk is the last one tried
-        quantize_and_measure(kept.profile, ())
+    with tempfile.TemporaryDirectory() as scratch:
+        missed: list[Path] = []  # each missing recipe's file, in case it is the one kept
+        for number, recipe in enumerate(profile.int8_recipes):
+            stage("quantize", 0.1, "ONNX Runtime" if not number else f"int8 recipe {number + 1}")
+            trials.append(RecipeTrial(recipe, quantize_and_measure(recipe, ())))
+            if trials[-1].drift.within(bars.max_drop_pts, bars.min_agreement):
+                break
+            missed.append(Path(shutil.copy(artifact, Path(scratch) / f"recipe_{number}.onnx")))
+        kept = kept_recipe(trials, bars)
+        if kept is not trials[-1]:  # the file on disk is the last one tried
+            shutil.copy(missed[trials.index(kept)], artifact)
     profile = kept.profile
     pure = drift = kept.drift
     stage("per-tensor SQNR", 0.3)

@@ -67,10 +67,8 @@ def test_the_ladders_add_bias_correction_then_u8_weights_and_keep_the_rest() -> 
     tda4vm = TDA4VM.int8_recipes
     assert [r.bias_correction for r in tda4vm] == [False, True]
     assert all(r.power_of_two_scales and r.symmetric_activations for r in tda4vm)
-    for rungs in (
-        cpu,
-        tda4vm,
-    ):  # every rung is its target otherwise, pure int8, no ladder of its own
+    # every rung is its target otherwise, pure int8, no ladder of its own
+    for rungs in (cpu, tda4vm):
         assert len({r.recipe for r in rungs}) == len(rungs)
         assert all(r.int8_ladder == () and r.name == rungs[0].name for r in rungs)
     assert [len(p.int8_recipes) for p in (PROFILES["imx93"], PROFILES["imx8mp"])] == [1, 1]
