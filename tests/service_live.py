@@ -12,8 +12,6 @@ import httpx
 
 from testbed.live import LiveServer, fast_job_files, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def submit_parts(client: httpx.Client, parts: Any, targets: str = "cpu") -> dict[str, Any]:
     """POST multipart ``parts`` (httpx ``files``) as a conversion; assert it was accepted and

@@ -23,9 +23,9 @@ import pytest
 from edge_un import examples
 from service.api.schemas import JobOut
 from service.client import Client, ServiceError
-from testbed.live import LiveServer, ServiceMode, fast_job_files, wait_for
+from testbed.live import ROOT, LiveServer, ServiceMode, fast_job_files, wait_for
 
-from .service_live import ROOT, hold_hook, is_problem
+from .service_live import hold_hook, is_problem
 from .test_cli import ANSI, run_in_terminal
 
 MODEL = examples.path("vit-mnist-un")

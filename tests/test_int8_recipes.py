@@ -20,7 +20,7 @@ from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
 from quant.bias_correction import channel_means
 from quant.data import Samples, checkpoint_samples
-from quant.drift import Drift, onnx_runner
+from quant.drift import Drift, measure_drift, onnx_runner
 from quant.errors import RuleViolation
 from quant.onnx_target import RecipeTrial, build_onnx_target, kept_recipe
 from quant.ort_int8 import quantize_onnx
@@ -175,7 +175,8 @@ def test_a_file_over_the_bars_tries_the_next_recipe_and_says_which_it_ships(
     vit: dict, tmp_path: Path
 ) -> None:
     bars = Bars(DEFAULT_MAX_DRIFT, 1.01)  # no file can meet it: every recipe is tried
-    result = build_onnx_target(job(vit, tmp_path, bars, vit["evaluation"].head(300)))
+    evaluation = vit["evaluation"].head(300)
+    result = build_onnx_target(job(vit, tmp_path, bars, evaluation))
     tried = result.recipes_tried
     assert [t.recipe for t in tried] == [r.recipe for r in TDA4VM.int8_recipes]
     assert not any(t.within_bar for t in tried)
@@ -184,7 +185,14 @@ def test_a_file_over_the_bars_tries_the_next_recipe_and_says_which_it_ships(
     assert (result.drift.agreement, result.drift.top1_drop_pts) == (
         best.agreement,
         best.top1_drop_pts,
-    )  # fmt: skip  (the file shipped is the one measured for that recipe)
+    )  # fmt: skip
+    # the file shipped is the one measured for that recipe
+    shipped = measure_drift(
+        onnx_runner(vit["fp32"]["tda4vm"])(evaluation.feeds),
+        onnx_runner(tmp_path / "tda4vm" / "model_int8.onnx", exact=True)(evaluation.feeds),
+        evaluation.labels,
+    )
+    assert (shipped.agreement, shipped.top1_drop_pts) == (best.agreement, best.top1_drop_pts)
     assert result.int16_tensors == [] and result.pure_int8_drift is None  # tda4vm stays int8
     if best.recipe != tried[0].recipe:
         (warning,) = [w for w in result.warnings if "first int8 recipe" in w]

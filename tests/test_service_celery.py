@@ -20,9 +20,17 @@ import pytest
 from edge_un import examples
 from service import jobs as job_records
 from service.db import session_scope
-from testbed.live import LiveServer, ServiceMode, fast_job_files, upload, upload_fast, wait_for
+from testbed.live import (
+    ROOT,
+    LiveServer,
+    ServiceMode,
+    fast_job_files,
+    upload,
+    upload_fast,
+    wait_for,
+)
 
-from .service_live import ROOT, hold_hook, job_processes
+from .service_live import hold_hook, job_processes
 
 MODEL = examples.path("vit-mnist-un")
 CLIENTS, JOBS_EACH = 5, 2
