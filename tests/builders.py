@@ -72,15 +72,18 @@ class Fp32Exports(dict):
 
 def example_vit_onnx(directory: Path) -> dict:
     """The bundled trained UN ViT folded, its fp32 ONNX files per target (exported on demand),
-    128 training samples to calibrate and 300 test samples to evaluate with."""
+    128 training samples to calibrate and 300 test samples to evaluate with (``test``: the
+    whole test split)."""
     from converters.pipeline import load_and_fold
     from edge_un import examples
     from quant.data import checkpoint_samples
 
     folded = load_and_fold(examples.path("vit-mnist-un"))
+    test = checkpoint_samples(folded.info, "test")
     return {
         "dir": directory,
         "fp32": Fp32Exports(folded, directory),
         "calibration": checkpoint_samples(folded.info, "train", 128),
-        "evaluation": checkpoint_samples(folded.info, "test").head(300),
+        "evaluation": test.head(300),
+        "test": test,
     }

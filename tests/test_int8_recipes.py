@@ -16,10 +16,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from converters.pipeline import export_folded, load_and_fold
-from edge_un import examples
 from quant.bias_correction import channel_means
-from quant.data import Samples, checkpoint_samples
+from quant.data import Samples
 from quant.drift import Drift, measure_drift, onnx_runner
 from quant.errors import RuleViolation
 from quant.onnx_target import RecipeTrial, build_onnx_target, kept_recipe
@@ -32,21 +30,9 @@ CPU, TDA4VM = PROFILES["cpu"], PROFILES["tda4vm"]
 
 
 @pytest.fixture(scope="module")
-def vit(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    directory = tmp_path_factory.mktemp("recipes")
-    folded = load_and_fold(examples.path("vit-mnist-un"))
-    fp32 = {}
-    for profile in (CPU, TDA4VM):
-        fp32[profile.name] = directory / f"fp32_{profile.name}.onnx"
-        export_folded(
-            folded, fp32[profile.name], opset=profile.opset, dynamic_batch=not profile.static_batch
-        )
-    return {
-        "dir": directory,
-        "fp32": fp32,
-        "calibration": checkpoint_samples(folded.info, "train", 128),
-        "evaluation": checkpoint_samples(folded.info, "test"),
-    }
+def vit(vit_onnx: dict) -> dict:
+    """The bundled trained UN ViT (conftest's ``vit_onnx``): ``test`` its whole test split."""
+    return vit_onnx
 
 
 def quantized(vit: dict, profile: TargetProfile, name: str) -> Path:
@@ -102,7 +88,7 @@ def test_bias_correction_cancels_the_mean_error_it_measures_and_lowers_the_test_
     def logits(path: Path, samples: Samples) -> np.ndarray:
         return onnx_runner(path, exact=True)(samples.inputs)
 
-    calibration, evaluation = vit["calibration"], vit["evaluation"]
+    calibration, evaluation = vit["calibration"], vit["test"]
     reference = onnx_runner(vit["fp32"]["tda4vm"])(calibration.inputs)
     # the logits are the last bias corrected: their mean error on the calibration data is gone,
     # but for the rounding of the int8 output itself (its scale ~0.1)
@@ -164,7 +150,7 @@ def job(vit: dict, tmp_path: Path, bars: Bars, evaluation: Samples) -> TargetJob
 
 def test_a_file_within_the_bars_keeps_the_first_recipe(vit: dict, tmp_path: Path) -> None:
     bars = Bars(DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT)
-    result = build_onnx_target(job(vit, tmp_path, bars, vit["evaluation"]))
+    result = build_onnx_target(job(vit, tmp_path, bars, vit["test"]))
     assert result.drift is not None and result.drift.within_bar
     assert result.int8_recipe == TDA4VM.recipe
     assert [t.recipe for t in result.recipes_tried] == [TDA4VM.recipe]
@@ -175,7 +161,7 @@ def test_a_file_over_the_bars_tries_the_next_recipe_and_says_which_it_ships(
     vit: dict, tmp_path: Path
 ) -> None:
     bars = Bars(DEFAULT_MAX_DRIFT, 1.01)  # no file can meet it: every recipe is tried
-    evaluation = vit["evaluation"].head(300)
+    evaluation = vit["evaluation"]  # 300 test samples
     result = build_onnx_target(job(vit, tmp_path, bars, evaluation))
     tried = result.recipes_tried
     assert [t.recipe for t in tried] == [r.recipe for r in TDA4VM.int8_recipes]
