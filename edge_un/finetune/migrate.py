@@ -16,8 +16,9 @@ from torch import Tensor, nn
 
 from ..norms import OFFLINE_KINDS, OfflineNorm, UnifiedNorm
 from ..swap import swap_layernorm
-from .engine import FinetuneRecipe, FinetuneResult, agreement, distill, predict
-from .inputs import ModelInputs, head, named
+from ..training.evaluation import agreement, predict
+from ..training.inputs import ModelInputs, head, named
+from .engine import FinetuneRecipe, FinetuneResult, distill
 from .recalibrate import RecalibrationReport, recalibrate
 
 # A student that agrees with its teacher on this share of the validation samples right after the

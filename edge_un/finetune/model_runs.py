@@ -21,9 +21,9 @@ from torch import Tensor, nn
 from ..checkpoint import CheckpointInfo, load_checkpoint
 from ..data import UnknownDatasetError, checkpoint_dataset, load_dataset
 from ..hf import is_pretrained_model, load_pretrained, named_inputs
+from ..training.inputs import SINGLE_INPUT, ModelInputs, count, named
 from ..training.presets import PRESETS
 from .engine import FinetuneRecipe, FinetuneResult
-from .inputs import SINGLE_INPUT, ModelInputs, count, named
 from .int8_ready import make_int8_ready
 from .migrate import migrate
 from .npz import FinetuneDataError, input_specs, load_npz
