@@ -53,7 +53,8 @@ def migrate(
     filled with them), then the student is fine-tuned with :func:`distill`. An edge_un model's
     ``config`` is updated to the new norm, so the result saves as a loadable checkpoint; a
     Hugging Face model records its norms when saved with :func:`edge_un.save_pretrained`.
-    ``inputs`` is a tensor, or named tensors for a model taking several (see :mod:`.inputs`).
+    ``inputs`` is a tensor, or named tensors for a model taking several (see
+    :mod:`edge_un.training.inputs`).
     With ``polish_lr``, a student that already agrees with its teacher on at least
     ``INTACT_AGREEMENT`` of the validation samples is fine-tuned at that learning rate instead of
     ``recipe.lr``. ``result.extras`` holds the agreement with the teacher before fine-tuning.

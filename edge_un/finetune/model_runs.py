@@ -54,7 +54,7 @@ MAX_DEFAULT_EPOCHS = 30
 @dataclass(frozen=True)
 class FinetuneData:
     """Inputs are a tensor for edge_un's one-input models, named tensors for a Hugging Face
-    model (see :mod:`.inputs`)."""
+    model (see :mod:`edge_un.training.inputs`)."""
 
     inputs: ModelInputs
     labels: Tensor | None
