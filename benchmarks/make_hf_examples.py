@@ -1,22 +1,25 @@
 """Train the bundled Hugging Face example models from scratch (LayerNorm or UN) and save them.
 
-    python -m edge_un.examples.make_hf --model vit --norm un --seed 0 --threads 1 \\
+    .venv/bin/python -m benchmarks.make_hf_examples --model vit --norm un --seed 0 --threads 1 \\
         --out edge_un/examples/hf-vit-mnist-un
 
 ``vit``: ``transformers.ViTForImageClassification`` on MNIST-5k; ``bert``:
 ``BertForSequenceClassification`` on Rotten Tomatoes, with edge_un's word tokenizer fitted on the
 training split. Same data, seeded split and preprocessing as edge_un's own examples, so
 ``edge_un.data.checkpoint_split(info, "test")`` gives the held-out test split. The recipe is
-edge_un's "example" preset for the task (AdamW, linear warm-up then cosine decay, gradient
-clipping, UN warm-up scaled to 8 % of the steps, UN momentum 0.5 on the ViT and the paper's 0.9
-on text), except that the ViT trains 60 epochs of batch 64 at lr 3e-3 instead of the preset's
-120 of batch 32 at 2e-3, to train in minutes. Needs ``edge-un[hf]``.
+edge_un's "example" preset for the task, trained as ``edge-un train`` trains
+(:func:`edge_un.training.train_classifier`, the one training loop: AdamW, linear warm-up then
+cosine decay, gradient clipping), UN warm-up scaled to 8 % of the steps, UN momentum 0.5 on the
+ViT and the paper's 0.9 on text, except that the ViT trains 60 epochs of batch 64 at lr 3e-3
+instead of the preset's 120 of batch 32 at 2e-3, to train in minutes. Needs ``edge-un[hf]``.
+
+The bundled directories were made by this script when it was ``edge_un.examples.make_hf`` (the
+``command`` their ``config.json`` records); the training is the same, step for step.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import sys
 import time
@@ -26,23 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..data import Dataset, checkpoint_split, load_dataset
-from ..hf import ClassifierLogits, load_pretrained, require_transformers, save_pretrained
-from ..swap import swap_layernorm
-from ..training.fit import (
-    TrainingDivergedError,
-    accuracy,
-    filtered_counts,
-    lr_factor,
-    norm_warmup_iters,
-    parameter_groups,
-    random_shift,
-)
-from ..training.presets import Preset, get_preset
+from edge_un.data import Dataset, checkpoint_split, load_dataset
+from edge_un.hf import ClassifierLogits, load_pretrained, require_transformers, save_pretrained
+from edge_un.swap import swap_layernorm
+from edge_un.training import Schedule, filtered_counts, train_classifier
+from edge_un.training.evaluation import accuracy
+from edge_un.training.presets import Preset, get_preset
 
 # model -> (data set, edge_un model and preset whose recipe it uses, changes to that recipe).
 # The ViT preset's 120 epochs take half an hour on one thread; 60 epochs of batch 64 at lr 3e-3
@@ -110,101 +105,51 @@ def train(
     progress: bool = True,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Train one example; returns the transformers model (eval mode) and its metadata."""
-    data_name = TASKS[model][0]
+    data_name, task, preset, _ = TASKS[model]
     recipe = recipe_for(model, epochs, batch_size, lr)
+    schedule = Schedule.of(recipe, seed=seed)
     dataset = load_dataset(data_name)
-    train_x, train_y = dataset.part("train")
-    steps_per_epoch = math.ceil(len(train_x) / recipe.batch_size)
-    total_steps = recipe.epochs * steps_per_epoch
-    warmup_steps = max(1, round(total_steps * recipe.lr_warmup_fraction))
+    samples = len(dataset.part("train")[1])
     norm_kwargs: dict[str, Any] = {}
     if norm != "ln":
         norm_kwargs = dict(recipe.norm_kwargs.get(norm, {}))
-        norm_kwargs["warmup_iters"] = norm_warmup_iters(total_steps, recipe.norm_warmup_fraction)
+        norm_kwargs["warmup_iters"] = schedule.norm_warmup_steps(samples)
 
-    torch.manual_seed(seed)
-    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # the initial weights and dropout
     net = _build(model, dataset)
     if norm != "ln":
         swap_layernorm(net, kind=norm, **norm_kwargs)
     classifier = ClassifierLogits(net)
-    optimizer = torch.optim.AdamW(
-        parameter_groups(net, recipe.weight_decay), lr=recipe.lr, betas=(0.9, 0.999)
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, warmup_steps, total_steps)
-    )
-    history = []
     started = time.perf_counter()
-    bar = tqdm(total=total_steps, disable=not progress, desc=f"hf-{model}-{norm}", unit="step")
-    try:
-        for epoch in range(1, recipe.epochs + 1):
-            classifier.train()
-            order = torch.randperm(len(train_x), generator=generator)
-            losses = []
-            for start in range(0, len(order), recipe.batch_size):
-                rows = order[start : start + recipe.batch_size]
-                inputs = train_x[rows]
-                if recipe.shift and inputs.ndim == 4:
-                    inputs = random_shift(inputs, recipe.shift, generator)
-                loss = F.cross_entropy(classifier(inputs), train_y[rows])
-                if not torch.isfinite(loss):
-                    raise TrainingDivergedError(
-                        f"training diverged: loss is {loss.item()} at epoch {epoch}, step "
-                        f"{bar.n + 1} (norm={norm}, lr={recipe.lr}); try a lower --lr"
-                    )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                nn.utils.clip_grad_norm_(net.parameters(), recipe.clip_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                losses.append(loss.item())
-                bar.update(1)
-                bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
-            val_accuracy = accuracy(classifier, *dataset.part("val"))
-            history.append(
-                {"epoch": epoch, "train_loss": sum(losses) / len(losses),
-                 "val_accuracy": val_accuracy}
-            )  # fmt: skip
-            tqdm.write(
-                f"epoch {epoch}/{recipe.epochs}: loss {history[-1]['train_loss']:.4f}, "
-                f"val acc {val_accuracy:.4f}"
-            )
-    finally:
-        bar.close()
+    run = train_classifier(
+        classifier, dataset, schedule, progress=progress, log=tqdm.write,
+        desc=f"hf-{model}-{norm}", context=f"norm={norm}, lr={schedule.lr}",
+    )  # fmt: skip
     seconds = time.perf_counter() - started
-    test_accuracy = accuracy(classifier, *dataset.part("test"))
-    tqdm.write(f"test accuracy {test_accuracy:.4f} ({seconds:.0f} s of training)")
+    tqdm.write(f"{seconds:.0f} s of training")
     metadata = {
         "dataset": data_name,
         "split": dataset.split,
         "preprocessing": dataset.preprocessing,
-        "model_inputs": model_inputs(model, ClassifierLogits(net).pad_id),
-        "task": TASKS[model][1],
-        "preset": TASKS[model][2],
+        "model_inputs": model_inputs(model, classifier.pad_id),
+        "task": task,
+        "preset": preset,
         "norm": norm,
         "architecture": type(net).__name__,
         "recipe": {
-            "seed": seed,
-            "epochs": recipe.epochs,
-            "batch_size": recipe.batch_size,
-            "lr": recipe.lr,
-            "weight_decay": recipe.weight_decay,
-            "optimizer": "AdamW",
-            "schedule": "linear warm-up then cosine decay",
-            "lr_warmup_steps": warmup_steps,
-            "total_steps": total_steps,
-            "clip_grad_norm": recipe.clip_grad_norm,
-            "augmentation": f"random shift up to {recipe.shift} px" if recipe.shift else "none",
+            **schedule.record(samples),
             "norm_kwargs": norm_kwargs,
-            "from_preset": f"{TASKS[model][1]}/{TASKS[model][2]}",
+            "from_preset": f"{task}/{preset}",
             "threads": torch.get_num_threads(),
             "training_seconds": round(seconds, 1),
         },
-        "test_accuracy": test_accuracy,
-        "val_accuracy": history[-1]["val_accuracy"],
+        "test_accuracy": run.test_accuracy,
+        "val_accuracy": run.history[-1].val_accuracy,
         "num_filtered": filtered_counts(net),
-        "history": history,
+        "history": [
+            {"epoch": r.epoch, "train_loss": r.train_loss, "val_accuracy": r.val_accuracy}
+            for r in run.history
+        ],
     }
     return net.eval(), metadata
 
@@ -216,7 +161,7 @@ def _build(model: str, dataset: Dataset) -> nn.Module:
 
 
 def regenerate_command(args: argparse.Namespace) -> str:
-    parts = ["python", "-m", "edge_un.examples.make_hf", "--model", args.model]
+    parts = ["python", "-m", "benchmarks.make_hf_examples", "--model", args.model]
     parts += ["--norm", args.norm, "--seed", str(args.seed), "--threads", str(args.threads)]
     for name in ("epochs", "batch_size", "lr"):
         if getattr(args, name) is not None:
@@ -226,7 +171,7 @@ def regenerate_command(args: argparse.Namespace) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m edge_un.examples.make_hf", description=__doc__.splitlines()[0]
+        prog="python -m benchmarks.make_hf_examples", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--model", choices=tuple(TASKS), required=True)
     parser.add_argument("--norm", choices=NORMS, required=True)
