@@ -228,12 +228,12 @@ def preceding_layer(graph: FoldGraph, norm: Norm) -> tuple[Any | None, str]:
     whole, with nothing else reading any value on the way; or why there is none."""
     value, shape = norm.input, graph.shape(norm.input)
     axis = len(shape) - 1 if shape is not None else -1
-    readers: set[int] = {id(node) for node in norm.nodes}
+    previous: set[int] = {id(node) for node in norm.nodes}  # who may read ``value``
     while True:
         node = graph.producer(value)
         if node is None:
             return None, f"its input {graph.name(value)} is a graph input"
-        others = [n for n in _data_readers(graph, value) if id(n) not in readers]
+        others = [n for n in _data_readers(graph, value) if id(n) not in previous]
         if others or graph.is_output(value):
             where = graph.describe(others[0]) if others else "a model output"
             return None, f"its input {graph.name(value)} is also read elsewhere ({where})"
@@ -250,7 +250,7 @@ def preceding_layer(graph: FoldGraph, norm: Norm) -> tuple[Any | None, str]:
                 return None, f"{graph.describe(node)} mixes the channel axis"
         elif op.kind is not Kind.IDENTITY:
             return None, f"its input comes from {graph.describe(node)}"
-        readers, value = {id(node)}, op.inputs[0]
+        previous, value = {id(node)}, op.inputs[0]
 
 
 def source_axis(before: Sequence | None, after: Sequence | None, axis: int) -> int | None:
@@ -276,29 +276,33 @@ def embedding_terms(graph: FoldGraph, norm: Norm) -> tuple[list[Term] | None, st
     """The terms of the sum the norm reads, when every term is a lookup of a table of its own
     or a constant, at least one a lookup, and nothing else reads the sum or its parts; else
     None and why ("" when no lookup is summed there: nothing to explain)."""
+    if graph.is_constant(norm.input):
+        return None, ""
     terms: list[Term] = []
     problems: list[str] = []
     inside: set[int] = {id(node) for node in norm.nodes}
     frontier = [(norm.nodes[0], norm.input)]
     while frontier:
         reader, value = frontier.pop()
+        node = graph.producer(value)
+        op = graph.op(node) if node is not None else None
+        is_lookup = op is not None and op.kind is Kind.LOOKUP  # even at constant indices
+        if graph.is_constant(value) and not is_lookup:  # scaled in a constant of its own
+            terms.append(Term(reader, _index(graph, reader, value), is_lookup=False))
+            continue
         others = [n for n in _data_readers(graph, value) if id(n) not in inside]
         if others or graph.is_output(value):
             problems.append(f"{graph.name(value)} is also read elsewhere")
-        node = graph.producer(value)
-        op = graph.op(node) if node is not None else None
-        if op is not None and op.kind is Kind.IDENTITY:
+        if is_lookup:
+            problem = graph.layer_problem(node)
+            problems += [problem] if problem else []
+            terms.append(Term(node, 0, is_lookup=True))
+        elif op is not None and op.kind is Kind.IDENTITY:
             inside.add(id(node))
             frontier.append((node, op.inputs[0]))
         elif op is not None and op.kind is Kind.ADD and len(op.inputs) == 2:
             inside.add(id(node))
             frontier.extend((node, v) for v in op.inputs)
-        elif op is not None and op.kind is Kind.LOOKUP:
-            problem = graph.layer_problem(node)
-            problems += [problem] if problem else []
-            terms.append(Term(node, 0, is_lookup=True))
-        elif graph.is_constant(value):
-            terms.append(Term(reader, _index(graph, reader, value), is_lookup=False))
         else:
             what = graph.describe(node) if node is not None else f"input {graph.name(value)}"
             problems.append(f"the sum also adds {what}, not a table lookup")

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 import edge_un
 import edge_un.hf
 from converters import FoldReport, fold_norms, fold_onnx, load_program
-from converters.fold import default_example_inputs
+from converters.trace import default_example_inputs
 from edge_un import examples
 
 from .fold_helpers import randomize_norm_state, relative_diff
