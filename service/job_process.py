@@ -19,7 +19,6 @@ the job's log (where faulthandler also writes the Python stack of a crash), the 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import faulthandler
 import importlib
 import logging
@@ -35,6 +34,7 @@ from sqlalchemy import select
 
 from converters.progress import ProgressEvent
 from quant.errors import one_line
+from quant.isolation import die_with_parent as quant_die_with_parent
 from quant.isolation import signal_name
 
 from . import jobs
@@ -53,7 +53,6 @@ log = logging.getLogger("edge_un.job_process")
 # (scikit-learn's data splits load it) loops forever when an allocation fails as it starts.
 PRELOAD = ("service.job_process", "quant.pipeline", "sklearn.model_selection")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-PR_SET_PDEATHSIG = 1
 # Signals of a crash in native code. RLIMIT_AS makes an allocation fail, which some libraries
 # answer with abort() (C++'s uncaught std::bad_alloc) or a fault; so can any native bug.
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS})
@@ -70,12 +69,9 @@ LOG_TAIL_BYTES = 64 * 1024  # the end of a job's log, where a crash's last words
 
 
 def die_with_parent(parent: int) -> None:
-    """Be killed (SIGKILL) when ``parent`` dies; exit at once if it already has."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the queue's recovery still cleans up
-        pass
+    """Be killed (SIGKILL) when ``parent`` dies (not Linux: the queue's recovery still cleans
+    up); exit at once if it already has."""
+    quant_die_with_parent()
     if os.getppid() != parent or parent == 1:  # the parent died before prctl took effect
         sys.exit(3)
 
@@ -333,24 +329,9 @@ def child_main(job_id: str, attempt: int, environ: dict[str, str], log_path: str
     """The job process as the local queue starts it: a fork of the (preloaded) fork server,
     handed its settings as EDGE_UN_* variables."""
     parent = os.getppid()
-    _release_fork_server()
     os.setsid()  # its own process group: a timeout or cancel kills all it started
     os.environ.update(environ)
     sys.exit(enter(get_settings(), Claim(job_id, attempt), Path(log_path), parent))
-
-
-def _release_fork_server() -> None:
-    """Close this process's copy of the fork server's "alive" pipe. The fork server exits when
-    every copy is closed, which must mean "the server died", not "and its jobs ended too": its
-    exit is what kills the jobs (PR_SET_PDEATHSIG). (CPython hands each forked child a copy.)"""
-    from multiprocessing import forkserver
-
-    server = getattr(forkserver, "_forkserver", None)
-    alive = getattr(server, "_forkserver_alive_fd", None)
-    if alive is not None:
-        with contextlib.suppress(OSError):
-            os.close(alive)
-        server._forkserver_alive_fd = None  # type: ignore[union-attr]
 
 
 def run_job_process(settings: Settings, job_id: str, attempt: int) -> int:

@@ -10,7 +10,8 @@ its own session (process group): a timeout or a cancel kills the whole group; a 
 that dies without recording an outcome (killed, crashed, out of memory) fails its job with a
 message saying which, from the evidence (``service.job_process.exit_message``: its peak address
 space, sampled at every tick while it runs, and its log), and nothing else is affected. The
-fork server exits when this process dies, and job processes die with it (PR_SET_PDEATHSIG);
+fork server is killed when this process dies (``service.fork_server``), and job processes die
+with it (both by PR_SET_PDEATHSIG);
 on start-up, jobs a dead server left running are queued again or, after ``max_attempts``,
 failed.
 """
@@ -49,6 +50,8 @@ from .settings import Settings
 from .storage import make_store
 
 log = logging.getLogger("edge_un.queue")
+# Imported first by the fork server: it dies with the dispatcher thread that starts it.
+FORK_SERVER_LIFETIME = "service.fork_server"
 
 
 class JobQueue(Protocol):
@@ -188,7 +191,7 @@ class LocalProcessQueue:
         if self._context is None:
             limit_threads(self.settings)  # before the fork server loads torch
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(list(PRELOAD))
+            context.set_forkserver_preload([FORK_SERVER_LIFETIME, *PRELOAD])
             self._context = context
         return self._context
 
