@@ -7,8 +7,9 @@ same interpreter (``python -m quant.isolation``): the child reads its job from a
 ``BuildOrder`` as JSON, the samples as .npy files it memory-maps), sends typed messages through
 a pipe, one JSON line each (``Message``: each stage it reaches as a ``ProgressEvent``, then its
 ``report.TargetResult`` or its one-line error), and writes everything the libraries print to a
-log. Both sides read and write the protocol through its pydantic models only. A child killed by a signal becomes a one-line reason
-naming the signal and the stage it was in; its log is kept beside the target's artifacts.
+log. Both sides read and write the protocol through its pydantic models only. A child killed by
+a signal becomes a one-line reason naming the signal and the stage it was in; its log is kept
+beside the target's artifacts.
 """
 
 from __future__ import annotations
