@@ -33,7 +33,7 @@ def base_url(request: Request) -> str:
 def principal_of(settings: Settings, secret: str) -> Principal | None:
     """The caller whose API token ``secret`` is; None for a token unknown or revoked."""
     with session_scope(settings) as session:
-        token_id = verify_token(session, secret.strip())
+        token_id = verify_token(session, secret)
     return None if token_id is None else Principal(token_id)
 
 

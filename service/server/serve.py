@@ -39,7 +39,9 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000) -> None
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Run the edge-un HTTP conversion service.")
+    parser = argparse.ArgumentParser(
+        prog="python -m service.server", description="Run the edge-un HTTP conversion service."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)

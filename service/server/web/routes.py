@@ -152,7 +152,8 @@ async def signin(request: Request, services: ServicesDep) -> Response:
         page = pages.signin_page(csrf_token(request), refused.detail)
         return HTMLResponse(page, status_code=status_of(refused))
     secret = form.get("token", "")
-    if not secret.strip() or await _in_thread(principal_of, services.settings, secret) is None:
+    secret = secret.strip()  # pasted with the line's end, as often as not
+    if not secret or await _in_thread(principal_of, services.settings, secret) is None:
         error = "that token is unknown or revoked; create one with edge-un token create NAME"
         return HTMLResponse(pages.signin_page(csrf_token(request), error), status_code=401)
     response = _redirect(f"{PREFIX}/")

@@ -40,7 +40,7 @@ def signed_in(request: Request) -> Principal | None:
     secret = request.cookies.get(SESSION_COOKIE)
     if not secret:
         return None
-    return principal_of(settings, secret)
+    return principal_of(settings, secret.strip())
 
 
 def _cookie(request: Request, response: Response, name: str, value: str, max_age: int) -> None:
