@@ -62,7 +62,7 @@ def _precision(target: TargetReport) -> str:
 
 
 def _op_types(ops: list[str]) -> str:
-    """"BATCH_MATMUL name", ... -> "BATCH_MATMUL x8, GELU x4" (names are in the report)."""
+    """ "BATCH_MATMUL name", ... -> "BATCH_MATMUL x8, GELU x4" (names are in the report)."""
     counts: dict[str, int] = {}
     for op in ops:
         counts[op.split()[0]] = counts.get(op.split()[0], 0) + 1

@@ -29,6 +29,7 @@ _ELEMENT_BYTES = {
     "FLOAT8E5M2FNUZ": 1, "FLOAT8E8M0": 1,
 }  # fmt: skip
 
+
 def read_onnx(path: Path) -> Any:
     """The ModelProto if the file parses as an ONNX model with a graph, else None. External
     data is not read (nor followed): :func:`check_onnx` checks the references first."""
