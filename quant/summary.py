@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from .report import Host, Report, TargetReport
 
 
@@ -127,13 +129,14 @@ def matmul_operands_line(target: TargetReport) -> str | None:
     left = [group for group in target.matmul_operands if group.new_scale is None]
     parts = []
     if done:
-        producers = ", ".join(sorted({group.producer for group in done}))
+        kinds = Counter(group.producer for group in done)
+        producers = ", ".join(f"{op} x{count}" for op, count in sorted(kinds.items()))
         zero_points = ", ".join(str(zp) for zp in sorted({group.zero_point for group in done}))
         step = max(group.new_scale / group.scale - 1 for group in done if group.new_scale)
         parts.append(
             f"the right operands of {sum(group.matmuls for group in done)} int8 BATCH_MATMULs "
-            f"made symmetric by the ops that compute them ({len(done)} x {producers}: zero "
-            f"points {zero_points} -> 0, int8 step up to {100 * step:+.1f} %), so that LiteRT's "
+            f"made symmetric by the ops that compute them ({producers}; zero points "
+            f"{zero_points} -> 0, int8 step up to {100 * step:+.1f} %), so that LiteRT's "
             "XNNPACK runs them"
         )
     if left:
