@@ -104,6 +104,14 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
         ],
         fallback_ops=fallback_ops,
         fallback_op_sources=fallback_sources(shipped, fallback_ops, sources, vela_cpu_ops),
+        matmul_operands=(
+            [
+                schema.SymmetricOperand.model_validate(group, from_attributes=True)
+                for group in converted.matmul_operands
+            ]
+            if shipped == int8
+            else []
+        ),
         excluded=excluded,
         vela=vela_record,
         vela_pure_int8=vela_pure_record,
