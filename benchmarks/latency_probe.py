@@ -14,8 +14,8 @@ stdout:
 A run warms up, then times ``quant.latency.time_calls`` for as many calls as fit the
 budget (``min_runs``, default 5, to 400); every single call's time is returned, so the parent
 pools them over rounds.
-A batch of 32 is one call with 32 samples (torch, ORT: dynamic batch) or 32 invokes of the
-static batch-1 TFLite file (LiteRT).
+A batch of N (at most the samples given) is one call with N samples (torch, ORT: dynamic
+batch) or N invokes of the static batch-1 TFLite file (LiteRT).
 """
 
 from __future__ import annotations
@@ -52,14 +52,14 @@ def torch_runner(path: str, inputs: np.ndarray) -> Callable[[int, int], Callable
     torch.set_num_interop_threads(1)
     model, _ = edge_un.load_checkpoint(path)
     model.eval()
-    feeds = {b: torch.from_numpy(np.ascontiguousarray(inputs[:b])) for b in (1, 32)}
 
     def make(threads: int, batch: int) -> Callable[[], object]:
         torch.set_num_threads(threads)
+        feed = torch.from_numpy(np.ascontiguousarray(inputs[:batch]))
 
         def call() -> object:
             with torch.inference_mode():
-                return model(feeds[batch])
+                return model(feed)
 
         return call
 

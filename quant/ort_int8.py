@@ -38,7 +38,12 @@ from onnxruntime.quantization.qdq_loss_debug import (
 
 from .bias_correction import correct_biases
 from .data import Feeds, Samples, feed_for
-from .ort_graph import float_inputs, linear_as_gemm
+from .ort_attention import (
+    signed_operand_sources,
+    signed_right_operands,
+    tensor_absmax,
+)
+from .ort_graph import float_inputs, fold_constant_factors, linear_as_gemm
 from .targets import TargetProfile
 
 CALIBRATION_BATCH = 32
@@ -103,7 +108,7 @@ def quantize_onnx(
                 "TensorQuantOverrides": overrides,
             },
         )
-        if profile.power_of_two_scales or profile.float_inputs or profile.bias_correction:
+        if _rewrites(profile):
             quantized = onnx.load(str(out_path))
             if profile.power_of_two_scales:
                 # MinMax scales first: they give each activation its two power-of-two candidates
@@ -111,12 +116,30 @@ def quantize_onnx(
                     quantized, prepared, calibration.head(POWER_OF_TWO_SAMPLES), Path(scratch)
                 )
                 round_scales_to_power_of_two(quantized, scales)
+            if profile.fold_factors:  # first: the factors' pairs would stop the rewrites below
+                fold_constant_factors(quantized)
             if profile.float_inputs:
                 float_inputs(quantized, profile.float_inputs)
+            if profile.signed_right_operands:
+                sources = signed_operand_sources(quantized)
+                batch, pad = fixed or CALIBRATION_BATCH, fixed is not None
+                bounds = tensor_absmax(prepared, sources, calibration, batch, pad=pad)
+                signed_right_operands(quantized, bounds)
             if profile.bias_correction:  # last: on the graph that ships, with its final scales
                 correct_biases(quantized, onnx.load(str(prepared)), calibration)
             onnx.save_model(quantized, str(out_path))
     return out_path
+
+
+def _rewrites(profile: TargetProfile) -> bool:
+    """Whether the profile changes the file quantize_static wrote."""
+    return bool(
+        profile.power_of_two_scales
+        or profile.float_inputs
+        or profile.bias_correction
+        or profile.fold_factors
+        or profile.signed_right_operands
+    )
 
 
 def _with_gemm_linears(fp32_path: Path, scratch: Path) -> Path:

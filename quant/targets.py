@@ -77,6 +77,12 @@ class TargetProfile:
     # the ops that take their input in float straight from the MatMul/Gemm computing it
     gemm_linears: bool
     float_inputs: frozenset[str]
+    # ONNX Runtime x86 attention (quant.ort_attention): a constant positive factor on an
+    # activation (q * head_dim**-0.5) folded into a DequantizeLinear scale; the right operand
+    # of each product of two activations (K^T, V) a 7-bit s8 tensor, so that the product runs
+    # on the u8 x s8 kernels (VNNI) instead of the U8U8 ones
+    fold_factors: bool
+    signed_right_operands: bool
     accelerator_ops: frozenset[str]  # ops its accelerator runs; empty = everything
     notes: str
     # INT8_RECIPES added one after another, each only when the pure int8 file before it misses
@@ -140,6 +146,18 @@ class TargetProfile:
         if self.float_inputs:
             ops = ", ".join(sorted(self.float_inputs))
             rules.append(f"{ops} in float, fed in float by their integer MatMul/Gemm (faster)")
+        if self.fold_factors:
+            rules.append(
+                "a constant positive factor on an activation (the attention's q scale) folded "
+                "into its dequantize scale: one integer Mul and one rounding fewer"
+            )
+        if self.signed_right_operands:
+            rules.append(
+                "the right operand of each product of two activations (K^T, V) s8 in 7 bits "
+                "(clipped to its calibrated absolute maximum, [-64, 64]), so that ONNX Runtime "
+                "runs it on its u8 x s8 kernels (VNNI), not the slower U8U8 ones; 7 bits for "
+                "the reason the weights have them"
+            )
         if "onnx_qdq" in self.artifacts:
             rules.append(
                 "drift measured in exact integer arithmetic (the QDQ graph as written, no fused "
@@ -215,7 +233,10 @@ PROFILES: dict[str, TargetProfile] = {
             # measured on ViT-Tiny, 1 thread: ORT's QLinearSoftmax is several times slower
             # than its float Softmax; GELU has no integer kernel (benchmarks/results/ort_speed.md)
             gemm_linears=True,
-            float_inputs=frozenset({"Softmax", "Gelu"}),
+            # Split too: its outputs are quantized again, q to u8 and K, V to s8
+            float_inputs=frozenset({"Softmax", "Gelu", "Split"}),
+            fold_factors=True,
+            signed_right_operands=True,
             accelerator_ops=ORT_CPU_OPS,
             notes="reference target; the int8 ONNX file also runs on any ORT build",
             int8_ladder=("bias_correction", "u8u8"),
@@ -238,6 +259,8 @@ PROFILES: dict[str, TargetProfile] = {
             fallback="int16_model",  # Ethos-U runs 16x8
             gemm_linears=False,
             float_inputs=frozenset(),
+            fold_factors=False,
+            signed_right_operands=False,
             accelerator_ops=ETHOS_U_OPS,
             notes="ops Vela cannot place run on the Cortex-A55",
             int8_ladder=(),
@@ -260,6 +283,8 @@ PROFILES: dict[str, TargetProfile] = {
             fallback="none",  # no float/int8 mixing, no int16 on the NPU path
             gemm_linears=False,
             float_inputs=frozenset(),
+            fold_factors=False,
+            signed_right_operands=False,
             accelerator_ops=VX_DELEGATE_OPS,
             notes="per-tensor int8; NPU integer math is not bit-exact vs the CPU",
             int8_ladder=(),
@@ -285,6 +310,8 @@ PROFILES: dict[str, TargetProfile] = {
             fallback="none",
             gemm_linears=False,  # kept as exported: TIDL's validated MatMul + Add pattern
             float_inputs=frozenset(),  # TIDL runs the whole graph in integer
+            fold_factors=False,  # kept as exported: the file is TIDL's, not ONNX Runtime's
+            signed_right_operands=False,  # TIDL's MatMuls are s8 x s8 already
             accelerator_ops=TIDL_OPS,
             notes="symmetric only, power-of-2 scales, both MatMul inputs signed",
             int8_ladder=("bias_correction",),
