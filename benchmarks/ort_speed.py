@@ -28,6 +28,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -47,6 +50,7 @@ from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
 from quant.data import CALIBRATION_SAMPLES, Feeds, InputSpec, Samples, as_feeds, checkpoint_samples
 from quant.drift import measure_drift, onnx_runner
+from quant.emulation import NON_VNNI_CPU, QEMU, qemu_available
 from quant.host import describe_host
 from quant.ort_int8 import quantize_onnx
 from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TargetProfile
@@ -347,6 +351,51 @@ def threads_and_batch() -> dict[str, Any]:
     return {"timings": timings, "op_profiles": profiles}
 
 
+# Runs under QEMU: the graph ONNX Runtime makes of a file on the emulated CPU, written to a file.
+_OPTIMIZE = """
+import sys
+import onnxruntime as ort
+options = ort.SessionOptions()
+options.optimized_model_filepath = sys.argv[2]
+options.log_severity_level = 3
+ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+"""
+
+
+def integer_products(model: onnx.ModelProto) -> dict[str, int]:
+    """How many of each integer kernel the optimized graph holds, by its right operand's type."""
+    types = {init.name: init.data_type for init in model.graph.initializer}
+    types |= {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
+    zero_points = {"QGemm": 5, "MatMulIntegerToFloat": 5, "QLinearMatMul": 5, "QLinearConv": 5}
+    found: Counter = Counter()
+    for node in model.graph.node:
+        if node.op_type in zero_points:
+            kind = onnx.helper.tensor_dtype_to_np_dtype(
+                types[node.input[zero_points[node.op_type]]]
+            )
+            found[f"{node.op_type} x {np.dtype(kind).name}"] += 1
+    return dict(sorted(found.items()))
+
+
+def kernels_here_and_without_vnni(path: Path) -> dict[str, Any]:
+    """The integer kernels of the file's optimized graph on this host and, when QEMU is
+    installed, on an emulated Haswell (AVX2, no VNNI): what runs there, not how fast."""
+    result = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        here, there = Path(scratch) / "here.onnx", Path(scratch) / "haswell.onnx"
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(here)
+        options.log_severity_level = 3
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        result["this host"] = integer_products(onnx.load(str(here)))
+        if qemu_available():
+            command = [QEMU, "-cpu", NON_VNNI_CPU, sys.executable, "-c", _OPTIMIZE, str(path),
+                       str(there)]  # fmt: skip
+            subprocess.run(command, capture_output=True, check=True, timeout=600)
+            result[f"QEMU {NON_VNNI_CPU}"] = integer_products(onnx.load(str(there)))
+    return result
+
+
 def run() -> dict[str, Any]:
     WORK.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -355,6 +404,8 @@ def run() -> dict[str, Any]:
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
         "host": describe_host().label(),
         "onnxruntime": ort.__version__,
+        "rounds": ROUNDS,
+        "calls": CALLS,
         "steps": [dataclasses.asdict(step) for step in STEPS],
         "alternatives": {label: ALTERNATIVE_BASE for label in ALTERNATIVES},
         "models": {},
@@ -365,6 +416,10 @@ def run() -> dict[str, Any]:
         result["models"][name] = run_model(name)
     print(f"[{time.time() - started:5.0f} s] threads and batch", flush=True)
     result["threads_and_batch"] = threads_and_batch()
+    result["kernels"] = {
+        f"step{number}": kernels_here_and_without_vnni(WORK / "vit-tiny-un" / f"step{number}.onnx")
+        for number in (ALTERNATIVE_BASE, len(STEPS) - 1)
+    }
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     result["summary"] = summary(result)
     result["total_s"] = round(time.time() - started, 1)

@@ -23,8 +23,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['total_s']:.0f} s, on **{result['host']}**; ONNX Runtime "
         f"{result['onnxruntime']}; load average before {result['load_average_before']}, after "
         f"{result['load_average_after']} (other work shared the 2 cores). Batch 1, one thread, "
-        "p50 of 30 interleaved rounds x 10 calls. Steps are cumulative; the last one is the "
-        "cpu target's profile. Predicted = estimated before measuring (from the op profile of "
+        f"p50 of {result['rounds']} interleaved rounds x {result['calls']} calls. Steps are "
+        "cumulative; the last one is the cpu target's profile (step 3 is the cpu file before "
+        "issue 32's levers). Predicted = estimated before measuring (from the op profile of "
         "the step before; the attention products from their kernels timed alone); measured = "
         "change of p50 vs the step before, in % of step 0. Drift: top-1 agreement with the fp32 "
         "ONNX on the held-out test split and the top-1 drop in points, in the file's exact "
@@ -40,8 +41,29 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", "## Where ViT-Tiny UN stands", "", *result["summary"]]
     for name, model in result["models"].items():
         lines += model_table(name, model)
+    lines += kernel_table(result["kernels"])
     lines += threads_tables(result["threads_and_batch"])
     return "\n".join(lines) + "\n"
+
+
+def kernel_table(kernels: dict[str, Any]) -> list[str]:
+    """What ORT made of each integer product of ViT-Tiny UN (its optimized graph), by the type
+    of the right operand: u8 x s8 (VNNI, or VPMADDUBSW without it) or U8U8 (16-bit products)."""
+    lines = [
+        "",
+        "## What each integer product runs on (ViT-Tiny UN, ONNX Runtime's optimized graph)",
+        "",
+        "Kernel x type of its right operand (weights, K^T, V); QEMU's Haswell model (AVX2, no "
+        "VNNI) shows what a host without VNNI runs, not how fast.",
+        "",
+        "| file | graph made on | integer kernels |",
+        "|---|---|---|",
+    ]
+    for step, hosts in kernels.items():
+        for host, counts in hosts.items():
+            listed = ", ".join(f"{count} {kernel}" for kernel, count in counts.items())
+            lines.append(f"| {step} | {host} | {listed} |")
+    return lines
 
 
 def model_table(name: str, model: dict[str, Any]) -> list[str]:

@@ -111,7 +111,8 @@ class TargetProfile:
             if self.weight_type == "uint8"
             else f"s8 weights in {self.weight_bits} bits",
             f"{'s8' if self.activation_type == 'int8' else 'u8'}"
-            f"{' symmetric' if self.symmetric_activations else ''} activations",
+            f"{' symmetric' if self.symmetric_activations else ''} activations"
+            + (" (attention's K and V s8 in 7 bits)" if self.signed_right_operands else ""),
         ]
         if self.power_of_two_scales:
             parts.append("power-of-two scales")
