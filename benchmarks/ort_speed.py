@@ -72,7 +72,7 @@ class Step:
     name: str
     gemm_linears: bool
     float_inputs: tuple[str, ...]
-    fold_factors: bool
+    fold_factors: bool  # with shapes_of_quantized: work done only to be thrown away
     signed_right_operands: bool
     predicted_pct: float | None  # latency change vs the step before, % of step 0
     why: str
@@ -90,8 +90,10 @@ STEPS = (
     Step("+ GELU fed in float", True, ("Softmax", "Gelu"), False, False, -3.0,
          "skips fc1's requantize and the DequantizeLinear before each GELU (2.8 % of kernel "
          "time for all DequantizeLinear)"),
-    Step("+ q scale folded into a dequantize scale", True, ("Softmax", "Gelu"), True, False, -1.5,
-         "the 12 QLinearMul of q * 0.125 are 1.3 % of kernel time, plus a node each"),
+    Step("+ q scale folded into a dequantize scale; Shape of the quantized image", True,
+         ("Softmax", "Gelu"), True, False, -1.5,
+         "the 12 QLinearMul of q * 0.125 are 1.3 % of kernel time; the image's DequantizeLinear, "
+         "kept only for a Shape, 0.3 % (1.3 % at batch 8, on one thread)"),
     Step("+ K, V s8 in 7 bits (u8 x s8 attention products)", True, ("Softmax", "Gelu", "Split"),
          True, True, -8.0,
          "the 24 attention products (MatMulIntegerToFloat, QLinearMatMul: 20 % of kernel time) "
@@ -111,6 +113,7 @@ def profile_of(step: Step) -> TargetProfile:
         gemm_linears=step.gemm_linears,
         float_inputs=frozenset(step.float_inputs),
         fold_factors=step.fold_factors,
+        shapes_of_quantized=step.fold_factors,
         signed_right_operands=step.signed_right_operands,
     )
 
@@ -174,6 +177,15 @@ def feed(sess: ort.InferenceSession, feeds: Feeds, batch: int) -> dict[str, np.n
 
 def op_profile(path: Path, feeds: Feeds, threads: int = 1, batch: int = 1) -> dict[str, float]:
     """Kernel time per op type, ms per inference (ORT's profiler adds its own overhead)."""
+    return profile_trace(path, feeds, threads, batch)[0]
+
+
+def profile_trace(
+    path: Path, feeds: Feeds, threads: int, batch: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(kernel time per op type in ms per inference, the share of each op type's nodes that
+    handed work to ORT's thread pool: the profiler's ``thread_scheduling_stats``, which do not
+    depend on how busy the machine is)."""
     sess = session(path, threads, profile=True)
     inputs = feed(sess, feeds, batch)
     calls = max(5, PROFILE_CALLS // batch)
@@ -181,11 +193,25 @@ def op_profile(path: Path, feeds: Feeds, threads: int = 1, batch: int = 1) -> di
         sess.run(None, inputs)
     trace = Path(sess.end_profiling())
     totals: Counter = Counter()
+    nodes: Counter = Counter()
+    pooled: Counter = Counter()
     for event in json.loads(trace.read_text()):
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-            totals[event["args"]["op_name"]] += event["dur"]
+            op = event["args"]["op_name"]
+            totals[op] += event["dur"]
+            nodes[op] += 1
+            pooled[op] += _used_the_pool(event["args"].get("thread_scheduling_stats"))
     trace.unlink()
-    return {op: round(us / calls / 1e3, 4) for op, us in totals.most_common()}
+    times = {op: round(us / calls / 1e3, 4) for op, us in totals.most_common()}
+    return times, {op: round(pooled[op] / nodes[op], 3) for op in times}
+
+
+def _used_the_pool(stats: object) -> bool:
+    """Whether a node's scheduling stats (a dict, or its JSON text) show parallel work."""
+    if isinstance(stats, str):
+        stats = json.loads(stats) if stats.strip().startswith("{") else {}
+    main = stats.get("main_thread", {}) if isinstance(stats, dict) else {}
+    return bool(main.get("block_size"))
 
 
 def in_process_rounds(files: dict[str, Path], feeds: Feeds) -> dict[str, dict[str, float]]:
@@ -344,11 +370,16 @@ def threads_and_batch() -> dict[str, Any]:
         }
         for label, per in pooled.items()
     }
-    profiles = {
-        label: {f"b{b}_t{t}": op_profile(path, un.timing, t, b) for t, b in SETTINGS}
-        for label, path in files.items()
-    }
-    return {"timings": timings, "op_profiles": profiles}
+    profiles: dict[str, dict[str, Any]] = {}
+    pool: dict[str, dict[str, Any]] = {}
+    for label, path in files.items():
+        for threads, batch in SETTINGS:
+            key = f"b{batch}_t{threads}"
+            times, shares = profile_trace(path, un.timing, threads, batch)
+            profiles.setdefault(label, {})[key] = times
+            if threads > 1:
+                pool.setdefault(label, {})[key] = shares
+    return {"timings": timings, "op_profiles": profiles, "thread_pool_share": pool}
 
 
 # Runs under QEMU: the graph ONNX Runtime makes of a file on the emulated CPU, written to a file.

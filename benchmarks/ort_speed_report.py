@@ -141,20 +141,31 @@ def threads_tables(data: dict[str, Any]) -> list[str]:
             ratios = " | ".join(f"{ratio(timings, base, label, key):.2f}x" for key in SETTING_KEYS)
             lines.append(f"| {label} vs {base} | {ratios} |")
     lines += ["", "Kernel time by op type at 1 and 2 threads (ORT profiler, ms per inference; "
-              "speed-up = 1 thread / 2 threads; the int8 file's largest ops):", ""]  # fmt: skip
-    profiles = data["op_profiles"]
+              "speed-up = 1 thread / 2 threads; pool = the share of the op's nodes that handed "
+              "work to ORT's thread pool at 2 threads, which the machine's load does not "
+              "change; the int8 file's largest ops):", ""]  # fmt: skip
+    profiles, pool = data["op_profiles"], data["thread_pool_share"]
     for batch in ("b1", "b8"):
         lines += [
-            f"| op, {batch} | fp32 1 thr | fp32 2 thr | speed-up | int8 1 thr | int8 2 thr | "
-            "speed-up |",
-            "|---|---|---|---|---|---|---|",
+            f"| op, {batch} | fp32 1 thr | fp32 2 thr | speed-up | pool | int8 1 thr | "
+            "int8 2 thr | speed-up | pool |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         fp32 = (profiles[FP32][f"{batch}_t1"], profiles[FP32][f"{batch}_t2"])
         int8 = (profiles[INT8][f"{batch}_t1"], profiles[INT8][f"{batch}_t2"])
+        shares = (pool[FP32][f"{batch}_t2"], pool[INT8][f"{batch}_t2"])
         for op in [*list(int8[0])[:TOP_OPS], "total"]:
-            lines.append(f"| {op} | {op_cells(fp32, op)} | {op_cells(int8, op)} |")
+            cells = [
+                f"{op_cells(times, op)} | {share_cell(share, op)}"
+                for times, share in zip((fp32, int8), shares, strict=True)
+            ]
+            lines.append(f"| {op} | {' | '.join(cells)} |")
         lines.append("")
     return lines
+
+
+def share_cell(shares: dict[str, float], op: str) -> str:
+    return "-" if op not in shares else f"{100 * shares[op]:.0f} %"
 
 
 def op_cells(pair: tuple[dict[str, float], dict[str, float]], op: str) -> str:
@@ -221,28 +232,32 @@ def summary(result: dict[str, Any]) -> list[str]:
             if op not in MATRIX_KERNELS
         )
         + ".",
-        *scaling_lines(threads["op_profiles"]),
+        *scaling_lines(threads),
     ]
     return lines
 
 
-def scaling_lines(profiles: dict[str, Any]) -> list[str]:
-    """Which of the int8 file's op types gain least from a second thread, and their share."""
+def scaling_lines(threads: dict[str, Any]) -> list[str]:
+    """Per batch: each file's 2-thread speed-up of kernel time, and its serial share: the
+    1-thread kernel time of the op types whose nodes mostly did not use ORT's thread pool at 2
+    threads (Amdahl: at most 1 / (s + (1 - s) / n) with n threads)."""
+    profiles, pool = threads["op_profiles"], threads["thread_pool_share"]
     lines = []
     for batch in ("b1", "b8"):
-        one, two = (profiles[INT8][f"{batch}_t{t}"] for t in (1, 2))
-        fp32_one, fp32_two = (profiles[FP32][f"{batch}_t{t}"] for t in (1, 2))
-        total_one, total_two = sum(one.values()), sum(two.values())
-        flat = [op for op in one if op in two and one[op] / max(two[op], 1e-9) < 1.3]
-        flat_share = sum(two[op] for op in flat) / total_two
-        lines.append(
-            f"- {batch}: a second thread takes the int8 file's kernel time "
-            f"{total_one:.1f} -> {total_two:.1f} ms ({total_one / total_two:.2f}x), fp32's "
-            f"{sum(fp32_one.values()):.1f} -> {sum(fp32_two.values()):.1f} ms "
-            f"({sum(fp32_one.values()) / sum(fp32_two.values()):.2f}x). Op types under 1.3x: "
-            + (", ".join(f"{op} {one[op] / two[op]:.2f}x" for op in flat) or "none")
-            + f", {100 * flat_share:.0f} % of the 2-thread kernel time."
-        )
+        parts = []
+        for label, name in ((FP32, "fp32"), (INT8, "int8")):
+            one, two = (profiles[label][f"{batch}_t{t}"] for t in (1, 2))
+            shares = pool[label][f"{batch}_t2"]
+            serial = [op for op in one if shares.get(op, 0.0) < 0.5]
+            fraction = sum(one[op] for op in serial) / sum(one.values())
+            top = sorted(serial, key=lambda op: -one[op])[:4]
+            parts.append(
+                f"{name} {sum(one.values()) / sum(two.values()):.2f}x, serial share "
+                f"{100 * fraction:.0f} % ({', '.join(f'{op} {one[op]:.2f} ms' for op in top)}; "
+                f"Amdahl bound {1 / (fraction + (1 - fraction) / 2):.2f}x at 2 threads, "
+                f"{1 / (fraction + (1 - fraction) / 16):.1f}x at 16)"
+            )
+        lines.append(f"- {batch}, kernel time 1 -> 2 threads: " + "; ".join(parts) + ".")
     return lines
 
 

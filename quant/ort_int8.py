@@ -43,7 +43,12 @@ from .ort_attention import (
     signed_right_operands,
     tensor_absmax,
 )
-from .ort_graph import float_inputs, fold_constant_factors, linear_as_gemm
+from .ort_graph import (
+    float_inputs,
+    fold_constant_factors,
+    linear_as_gemm,
+    shapes_of_quantized,
+)
 from .targets import TargetProfile
 
 CALIBRATION_BATCH = 32
@@ -118,6 +123,8 @@ def quantize_onnx(
                 round_scales_to_power_of_two(quantized, scales)
             if profile.fold_factors:  # first: the factors' pairs would stop the rewrites below
                 fold_constant_factors(quantized)
+            if profile.shapes_of_quantized:
+                shapes_of_quantized(quantized)
             if profile.float_inputs:
                 float_inputs(quantized, profile.float_inputs)
             if profile.signed_right_operands:
@@ -139,6 +146,7 @@ def _rewrites(profile: TargetProfile) -> bool:
         or profile.bias_correction
         or profile.fold_factors
         or profile.signed_right_operands
+        or profile.shapes_of_quantized
     )
 
 

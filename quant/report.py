@@ -39,9 +39,7 @@ class ModelInput(_Model):
 
 class ModelInfo(_Model):
     name: str
-    source_format: ModelFormat = Field(
-        description="hf: a Hugging Face save_pretrained directory"
-    )
+    source_format: ModelFormat = Field(description="hf: a Hugging Face save_pretrained directory")
     parameters: int | None = Field(description="trainable parameters; None for an ONNX source")
     input_shape: list[int] = Field(description="the first input's: one sample, no batch axis")
     input_dtype: str = Field(description="the first input's")

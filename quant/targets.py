@@ -83,6 +83,8 @@ class TargetProfile:
     # on the u8 x s8 kernels (VNNI) instead of the U8U8 ones
     fold_factors: bool
     signed_right_operands: bool
+    # a Shape reads the quantized tensor, not a DequantizeLinear of it made for it alone
+    shapes_of_quantized: bool
     accelerator_ops: frozenset[str]  # ops its accelerator runs; empty = everything
     notes: str
     # INT8_RECIPES added one after another, each only when the pure int8 file before it misses
@@ -159,6 +161,8 @@ class TargetProfile:
                 "runs it on its u8 x s8 kernels (VNNI), not the slower U8U8 ones; 7 bits for "
                 "the reason the weights have them"
             )
+        if self.shapes_of_quantized:
+            rules.append("a Shape reads the quantized tensor, not a dequantized copy made for it")
         if "onnx_qdq" in self.artifacts:
             rules.append(
                 "drift measured in exact integer arithmetic (the QDQ graph as written, no fused "
@@ -238,6 +242,7 @@ PROFILES: dict[str, TargetProfile] = {
             float_inputs=frozenset({"Softmax", "Gelu", "Split"}),
             fold_factors=True,
             signed_right_operands=True,
+            shapes_of_quantized=True,
             accelerator_ops=ORT_CPU_OPS,
             notes="reference target; the int8 ONNX file also runs on any ORT build",
             int8_ladder=("bias_correction", "u8u8"),
@@ -262,6 +267,7 @@ PROFILES: dict[str, TargetProfile] = {
             float_inputs=frozenset(),
             fold_factors=False,
             signed_right_operands=False,
+            shapes_of_quantized=False,
             accelerator_ops=ETHOS_U_OPS,
             notes="ops Vela cannot place run on the Cortex-A55",
             int8_ladder=(),
@@ -286,6 +292,7 @@ PROFILES: dict[str, TargetProfile] = {
             float_inputs=frozenset(),
             fold_factors=False,
             signed_right_operands=False,
+            shapes_of_quantized=False,
             accelerator_ops=VX_DELEGATE_OPS,
             notes="per-tensor int8; NPU integer math is not bit-exact vs the CPU",
             int8_ladder=(),
@@ -313,6 +320,7 @@ PROFILES: dict[str, TargetProfile] = {
             float_inputs=frozenset(),  # TIDL runs the whole graph in integer
             fold_factors=False,  # kept as exported: the file is TIDL's, not ONNX Runtime's
             signed_right_operands=False,  # TIDL's MatMuls are s8 x s8 already
+            shapes_of_quantized=False,
             accelerator_ops=TIDL_OPS,
             notes="symmetric only, power-of-2 scales, both MatMul inputs signed",
             int8_ladder=("bias_correction",),

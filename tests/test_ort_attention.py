@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quant.drift import measure_drift, onnx_runner
 from quant.errors import RuleViolation
 from quant.ort_attention import SIGNED_OPERAND_MAX, signed_right_operands
-from quant.ort_graph import fold_constant_factors
+from quant.ort_graph import fold_constant_factors, shapes_of_quantized
 from quant.ort_int8 import quantize_onnx
 from quant.rules import check_onnx_artifact
 from quant.targets import DEFAULT_MIN_AGREEMENT, PROFILES
@@ -174,6 +174,7 @@ def qdq_attention(factor: float) -> onnx.ModelProto:
 
 
 def exact(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The model's first output, its QDQ graph run as written."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(
@@ -225,3 +226,31 @@ def test_an_operand_read_by_another_op_is_left_u8() -> None:
     model.graph.node.append(helper.make_node("Relu", [k_t], ["elsewhere"]))
     model.graph.output.append(helper.make_tensor_value_info("elsewhere", TensorProto.FLOAT, None))
     assert signed_right_operands(model) == 0
+
+
+def test_a_shape_reads_the_quantized_tensor_and_a_dequantize_made_for_it_goes() -> None:
+    """A ViT takes its class token's batch size from the image: ORT dequantized the whole batch
+    of images, on one thread, only for its Shape."""
+    c = numpy_helper.from_array
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["x_q"]),
+        helper.make_node("DequantizeLinear", ["x_q", "s", "z"], ["x_dq"]),
+        helper.make_node("Shape", ["x_dq"], ["shape"]),
+        helper.make_node("DequantizeLinear", ["x_q", "s", "z"], ["x_dq2"]),
+        helper.make_node("Relu", ["x_dq2"], ["y"]),
+        helper.make_node("Shape", ["x_dq2"], ["shape2"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "shapes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3])],
+        [helper.make_tensor_value_info(n, TensorProto.INT64, [2]) for n in ("shape", "shape2")]
+        + [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 3])],
+        [c(np.array(0.1, np.float32), "s"), c(np.array(128, np.uint8), "z")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    feeds = {"x": np.arange(12, dtype=np.float32).reshape(4, 3)}
+    before = exact(model, feeds)
+    assert shapes_of_quantized(model) == 2
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("DequantizeLinear") == 1  # the one the Relu still reads
+    assert all(n.input[0] == "x_q" for n in model.graph.node if n.op_type == "Shape")
+    np.testing.assert_array_equal(exact(model, feeds), before)
