@@ -242,16 +242,16 @@ def _operand_chain(
 def _per_tensor_pair(
     quantize: onnx.NodeProto, dequantize: onnx.NodeProto, constants: dict[str, np.ndarray]
 ) -> bool:
-    """A Q/DQ pair with one constant scale each and the same constant zero point."""
+    """An 8-bit Q/DQ pair with one constant scale each and the same constant zero point (a
+    16-bit one is the drift fallback's: it stays as it is)."""
     names = [quantize.input[1], dequantize.input[1]]
     if len(quantize.input) < 3 or len(dequantize.input) < 3:
         return False
     zeros = [quantize.input[2], dequantize.input[2]]
     if not all(name in constants and constants[name].size == 1 for name in names + zeros):
         return False
-    return constants[zeros[0]].dtype == constants[zeros[1]].dtype and np.array_equal(
-        constants[zeros[0]], constants[zeros[1]]
-    )
+    first, second = constants[zeros[0]], constants[zeros[1]]
+    return first.dtype in (np.uint8, np.int8) and first.dtype == second.dtype and first == second
 
 
 def _folded_factor(chain: _OperandChain, constants: dict[str, np.ndarray]) -> float:
