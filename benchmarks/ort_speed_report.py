@@ -80,25 +80,18 @@ def model_table(name: str, model: dict[str, Any]) -> list[str]:
     previous = first
     for record in model["steps"]:
         p50 = record["latency"]["p50_ms"]
-        drift = record.get("drift")
-        figures = "- | - | - | - |"
-        if drift:
-            exact, host = drift["exact"], drift["host"]
-            drop = exact["top1_drop_pts"]
-            figures = (
-                f"{100 * exact['agreement']:.2f} % | "
-                f"{'-' if drop is None else f'{drop:.2f}'} | {100 * host['agreement']:.2f} % | "
-                f"{'hold' if drift['within_bars'] else 'MISSED'} |"
-            )
         lines.append(
             f"| {record['step']} | {p50:.3f} | {record['latency']['p90_ms']:.3f} | "
-            f"{100 * (p50 - previous) / first:+.1f} % | {first / p50:.2f}x | {figures}"
+            f"{100 * (p50 - previous) / first:+.1f} % | {first / p50:.2f}x | {drift_cells(record)}"
         )
         previous = p50
-    for label, latency in model.get("alternatives", {}).items():
+    for record in model.get("alternatives", []):
+        p50 = record["latency"]["p50_ms"]
+        base = model["steps"][record["base"]]["latency"]["p50_ms"]
         lines.append(
-            f"| not taken: {label} (on step 3) | {latency['p50_ms']:.3f} | "
-            f"{latency['p90_ms']:.3f} | - | {first / latency['p50_ms']:.2f}x | - | - | - | - |"
+            f"| not taken: {record['step']} (on step {record['base']}) | {p50:.3f} | "
+            f"{record['latency']['p90_ms']:.3f} | {100 * (p50 - base) / first:+.1f} % vs step "
+            f"{record['base']} | {first / p50:.2f}x | {drift_cells(record)}"
         )
     if "op_profile" in model:
         lines += ["", "Kernel time by op type (ORT profiler, ms per inference, inflated by "
@@ -106,6 +99,18 @@ def model_table(name: str, model: dict[str, Any]) -> list[str]:
         for key, ops in model["op_profile"].items():
             lines.append(f"- {key}: {op_line(ops, 10)}")
     return lines
+
+
+def drift_cells(record: dict[str, Any]) -> str:
+    drift = record.get("drift")
+    if not drift:
+        return "- | - | - | - |"
+    exact, host = drift["exact"], drift["host"]
+    drop = exact["top1_drop_pts"]
+    return (
+        f"{100 * exact['agreement']:.2f} % | {'-' if drop is None else f'{drop:.2f}'} | "
+        f"{100 * host['agreement']:.2f} % | {'hold' if drift['within_bars'] else 'MISSED'} |"
+    )
 
 
 def op_line(ops: dict[str, float], top: int) -> str:

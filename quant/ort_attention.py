@@ -36,78 +36,44 @@ from .ort_graph import (
     consumers_of,
     drop_unused_initializers,
     replace_nodes,
+    tensor_shapes,
 )
+from .targets import SIGNED_MIN_MACS
 
 # x86 without VNNI adds pairs of u8 x s8 products in int16: 2 x 255 x 64 fits, 2 x 255 x 128
 # does not (the same bound as the cpu file's 7-bit weights, quant.rules.SEVEN_BIT_MAX)
 SIGNED_OPERAND_MAX = 64
+TINY_BOUND = 1e-12  # an operand that is zero on every calibration sample still needs a scale
 
 
-def signed_operand_sources(model: onnx.ModelProto) -> list[str]:
+def signed_operand_sources(model: onnx.ModelProto, min_macs: int = SIGNED_MIN_MACS) -> list[str]:
     """The float tensors ``signed_right_operands`` would quantize to s8, in graph order."""
-    return [chain.source for chain in _right_operand_chains(model)]
+    return [chain.source for chain in _right_operand_chains(model, min_macs)]
 
 
-def signed_right_operands(model: onnx.ModelProto, bounds: Mapping[str, float] | None = None) -> int:
+def signed_right_operands(
+    model: onnx.ModelProto,
+    bounds: Mapping[str, float] | None = None,
+    min_macs: int = SIGNED_MIN_MACS,
+) -> int:
     """Each MatMul of two activations takes its right operand as a 7-bit s8 tensor: the float
     tensor it is computed from is clipped to +-bound, quantized to s8 with scale bound / 64
     and zero point 0, moved by the operand's shape ops in s8, and dequantized just before the
     MatMul. ``bounds``: per source tensor (``signed_operand_sources``), calibrated
     (``tensor_absmax``); without one, the absolute maximum of the range the QuantizeLinear it
-    replaces was calibrated to. In place; returns
-    how many operands. Left alone: an operand whose path holds another op, or a tensor that
-    something other than a Shape op also reads."""
+    replaces was calibrated to. In place; returns how many operands. Left alone: a product of
+    fewer than ``min_macs`` multiply-adds a sample (or of unknown shape), an operand whose path
+    holds another op, or a tensor that something other than a Shape op also reads."""
     bounds = bounds or {}
+    constants = constant_values(model)
     inserted: dict[int, list[onnx.NodeProto]] = {}  # id(MatMul) -> the nodes before it
     dropped: set[int] = set()
-    chains = _right_operand_chains(model)
-    constants = constant_values(model)
+    chains = _right_operand_chains(model, min_macs)
     for chain in chains:
         bound = bounds.get(chain.source) or _calibrated_absmax(chain.pairs[-1][0], constants)
-        prefix = f"{chain.matmul.name}_b_s8"
-        scale, zero = bound / SIGNED_OPERAND_MAX, f"{prefix}_zero_point"
-        model.graph.initializer.extend(
-            [
-                numpy_helper.from_array(np.array(-bound, np.float32), f"{prefix}_min"),
-                numpy_helper.from_array(np.array(bound, np.float32), f"{prefix}_max"),
-                numpy_helper.from_array(np.array(scale, np.float32), f"{prefix}_scale"),
-                # a factor folded into a DequantizeLinear on the way (fold_constant_factors)
-                numpy_helper.from_array(
-                    np.array(scale * _folded_factor(chain, constants), np.float32),
-                    f"{prefix}_dequantize_scale",
-                ),
-                numpy_helper.from_array(np.array(0, np.int8), zero),
-            ]
-        )
-        clip = [f"{prefix}_min", f"{prefix}_max"]
-        new = [
-            helper.make_node("Clip", [chain.source, *clip], [f"{prefix}_clipped"]),
-            helper.make_node(
-                "QuantizeLinear", [f"{prefix}_clipped", f"{prefix}_scale", zero], [prefix]
-            ),
-        ]
-        current = prefix
-        for reader in chain.source_readers:
-            reader.input[0] = current
-        for op, shape_readers in chain.moves:  # the same moves, on the s8 tensor
-            moved = helper.make_node(
-                op.op_type, [current, *op.input[1:]], [f"{op.output[0]}_s8"], name=f"{op.name}_s8"
-            )
-            moved.attribute.extend(op.attribute)
-            new.append(moved)
-            current = moved.output[0]
-            for reader in shape_readers:  # a Shape reads the same shape from the s8 tensor
-                reader.input[0] = current
-        new.append(
-            helper.make_node(
-                "DequantizeLinear",
-                [current, f"{prefix}_dequantize_scale", zero],
-                [chain.matmul.input[1]],
-            )
-        )
-        for number, node in enumerate(new):
-            node.name = node.name or f"{prefix}_{number}"
-        inserted[id(chain.matmul)] = new
+        initializers, nodes = _s8_operand(chain, max(bound, TINY_BOUND), constants)
+        model.graph.initializer.extend(initializers)
+        inserted[id(chain.matmul)] = nodes
         dropped |= {id(op) for op, _ in chain.moves}
         dropped |= {id(node) for pair in chain.pairs for node in pair}
     nodes: list[onnx.NodeProto] = []
@@ -119,6 +85,53 @@ def signed_right_operands(model: onnx.ModelProto, bounds: Mapping[str, float] | 
     drop_unused_initializers(model)
     _drop_value_info(model, {out for node in model.graph.node for out in node.output})
     return len(chains)
+
+
+def _s8_operand(
+    chain: _OperandChain, bound: float, constants: dict[str, np.ndarray]
+) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
+    """The constants and nodes of one s8 right operand: Clip, QuantizeLinear, the chain's
+    shape ops on s8 (its Shape readers moved along), DequantizeLinear into the MatMul. Shape
+    readers are rewired in place."""
+    prefix = f"{chain.matmul.name}_b_s8"
+    scale = bound / SIGNED_OPERAND_MAX
+    names = {key: f"{prefix}_{key}" for key in ("min", "max", "scale", "dq_scale", "zero")}
+    initializers = [
+        numpy_helper.from_array(np.array(-bound, np.float32), names["min"]),
+        numpy_helper.from_array(np.array(bound, np.float32), names["max"]),
+        numpy_helper.from_array(np.array(scale, np.float32), names["scale"]),
+        # a factor folded into a DequantizeLinear on the way stays in the last one's scale
+        numpy_helper.from_array(
+            np.array(scale * _folded_factor(chain, constants), np.float32), names["dq_scale"]
+        ),
+        numpy_helper.from_array(np.array(0, np.int8), names["zero"]),
+    ]
+    nodes = [
+        helper.make_node("Clip", [chain.source, names["min"], names["max"]], [f"{prefix}_clip"]),
+        helper.make_node(
+            "QuantizeLinear", [f"{prefix}_clip", names["scale"], names["zero"]], [prefix]
+        ),
+    ]
+    current = prefix
+    for reader in chain.source_readers:
+        reader.input[0] = current
+    for op, shape_readers in chain.moves:  # the same moves, on the s8 tensor
+        moved = helper.make_node(
+            op.op_type, [current, *op.input[1:]], [f"{op.output[0]}_s8"], name=f"{op.name}_s8"
+        )
+        moved.attribute.extend(op.attribute)
+        nodes.append(moved)
+        current = moved.output[0]
+        for reader in shape_readers:  # a Shape reads the same shape from the s8 tensor
+            reader.input[0] = current
+    nodes.append(
+        helper.make_node(
+            "DequantizeLinear", [current, names["dq_scale"], names["zero"]], [chain.matmul.input[1]]
+        )
+    )
+    for number, node in enumerate(nodes):
+        node.name = node.name or f"{prefix}_{number}"
+    return initializers, nodes
 
 
 @dataclass(frozen=True)
@@ -178,17 +191,30 @@ def _tensors(model_path: Path, names: Sequence[str]) -> _TensorRunner:
     return _TensorRunner(session, tuple(names))
 
 
-def _right_operand_chains(model: onnx.ModelProto) -> list[_OperandChain]:
+def _right_operand_chains(model: onnx.ModelProto, min_macs: int) -> list[_OperandChain]:
     constants = constant_values(model)
     producers = {out: node for node in model.graph.node for out in node.output}
     consumers = consumers_of(model.graph.node)
+    shapes = tensor_shapes(model) if min_macs > 0 else {}
     chains = []
     for node in model.graph.node:
-        if node.op_type == "MatMul" and _activations(node, producers, constants):
-            chain = _operand_chain(node, producers, consumers, constants)
-            if chain is not None:
-                chains.append(chain)
+        if node.op_type != "MatMul" or not _activations(node, producers, constants):
+            continue
+        if min_macs > 0 and _macs_per_sample(node, shapes) < min_macs:
+            continue
+        chain = _operand_chain(node, producers, consumers, constants)
+        if chain is not None:
+            chains.append(chain)
     return chains
+
+
+def _macs_per_sample(matmul: onnx.NodeProto, shapes: dict[str, list[int]]) -> int:
+    """Multiply-adds of one sample of a batched MatMul (the first axis is the batch), 0 when
+    a shape is unknown."""
+    left, out = shapes.get(matmul.input[0]), shapes.get(matmul.output[0])
+    if not left or not out or len(out) < 3 or any(d <= 0 for d in out[1:]) or left[-1] <= 0:
+        return 0
+    return int(np.prod(out[1:])) * left[-1]
 
 
 def _activations(

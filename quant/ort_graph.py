@@ -22,7 +22,7 @@ Both keep every matrix product integer; only the inputs of those float ops stay 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import numpy as np
 import onnx
@@ -40,7 +40,7 @@ def linear_as_gemm(model: onnx.ModelProto) -> int:
     Needs the output shape with at most one unknown dimension (a dynamic batch), so the shape
     comes back with one -1. The Add's output name is kept: nothing downstream changes.
     """
-    shapes = _shapes(model)
+    shapes = tensor_shapes(model)
     constants = {init.name: init for init in model.graph.initializer}
     consumers = consumers_of(model.graph.node)
     nodes, dropped, count = [], set(), 0
@@ -96,10 +96,12 @@ def _linear(
     return add, bias, out_shape
 
 
-def float_inputs(model: onnx.ModelProto, op_types: Iterable[str]) -> int:
-    """In a QDQ model, feed each ``op_types`` node straight from the MatMul/Gemm that computes
-    its input, in float: drop the QuantizeLinear/DequantizeLinear pairs between them (through
-    shape-only ops). In place; returns how many nodes were rewired.
+def float_inputs(
+    model: onnx.ModelProto, op_types: Iterable[str], names: Collection[str] | None = None
+) -> int:
+    """In a QDQ model, feed each ``op_types`` node (of those ``names``, if given) straight from
+    the MatMul/Gemm that computes its input, in float: drop the QuantizeLinear/DequantizeLinear
+    pairs between them (through shape-only ops). In place; returns how many nodes were rewired.
 
     ORT then fuses the producer with its dequantized inputs into a kernel with a float output
     (MatMulIntegerToFloat, QGemm), instead of requantizing a tensor only to dequantize it again.
@@ -111,7 +113,7 @@ def float_inputs(model: onnx.ModelProto, op_types: Iterable[str]) -> int:
     dropped: set[int] = set()
     count = 0
     for node in model.graph.node:
-        if node.op_type not in wanted:
+        if node.op_type not in wanted or (names is not None and node.name not in names):
             continue
         pairs = _qdq_chain(node, producers, consumers)
         if not pairs:
@@ -151,7 +153,7 @@ def _qdq_chain(
         reader = source
 
 
-def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+def tensor_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     """Tensor name -> dims (-1 where unknown), from ONNX shape inference."""
     inferred = shape_inference.infer_shapes(model)
     graph = inferred.graph

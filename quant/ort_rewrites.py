@@ -51,9 +51,17 @@ def apply_ort_rewrites(
     if profile.float_inputs:
         float_inputs(quantized, profile.float_inputs)
     if profile.signed_right_operands:  # last: on the float tensors the rewrites above left
-        sources = signed_operand_sources(quantized)
+        sources = signed_operand_sources(quantized, profile.signed_min_macs)
         bounds = tensor_absmax(prepared, sources, calibration, batch, pad=pad)
-        signed_right_operands(quantized, bounds)
+        signed_right_operands(quantized, bounds, profile.signed_min_macs)
+        # a Split whose outputs are quantized again (K, V to s8) is fed in float by its Gemm:
+        # no requantize into a u8 tensor that is only dequantized again
+        splits = {
+            n.name
+            for n in quantized.graph.node
+            if n.op_type == "Split" and set(n.output) & set(sources)
+        }
+        float_inputs(quantized, {"Split"}, splits)
 
 
 def shared_quantization(model: onnx.ModelProto, names: Sequence[str]) -> list[str]:

@@ -44,6 +44,11 @@ TIDL_OPS = frozenset({
     "Mul", "QuantizeLinear", "ReduceMean", "Reshape", "Slice", "Softmax", "Split", "Sub",
     "Transpose", "Gather", "Sqrt", "Pow", "Squeeze", "Unsqueeze",
 })  # fmt: skip
+# The smallest product of two activations (multiply-adds a sample) worth an s8 right operand:
+# below it the faster u8 x s8 kernel saves less than the Clip and QuantizeLinear it takes
+# (benchmarks/results/ort_speed.md, forced on the bundled examples, 0.15-0.26 M multiply-adds a
+# product: up to 12 % slower; ViT-Tiny, 7.4 M: 7 % faster).
+SIGNED_MIN_MACS = 1_000_000
 # ONNX Runtime's CPU provider runs every standard op: nothing falls back.
 ORT_CPU_OPS: frozenset[str] = frozenset()
 
@@ -83,6 +88,7 @@ class TargetProfile:
     # on the u8 x s8 kernels (VNNI) instead of the U8U8 ones
     fold_factors: bool
     signed_right_operands: bool
+    signed_min_macs: int  # the smallest product (multiply-adds a sample) they are worth it for
     # a Shape reads the quantized tensor, not a DequantizeLinear of it made for it alone
     shapes_of_quantized: bool
     accelerator_ops: frozenset[str]  # ops its accelerator runs; empty = everything
@@ -156,10 +162,11 @@ class TargetProfile:
             )
         if self.signed_right_operands:
             rules.append(
-                "the right operand of each product of two activations (K^T, V) s8 in 7 bits "
-                "(clipped to its calibrated absolute maximum, [-64, 64]), so that ONNX Runtime "
-                "runs it on its u8 x s8 kernels (VNNI), not the slower U8U8 ones; 7 bits for "
-                "the reason the weights have them"
+                "the right operand of each product of two activations (K^T, V) with at least "
+                f"{self.signed_min_macs / 1e6:g} M multiply-adds a sample s8 in 7 bits (clipped "
+                "to its calibrated absolute maximum, [-64, 64]), so that ONNX Runtime runs it on "
+                "its u8 x s8 kernels (VNNI), not the slower U8U8 ones (the qkv Split they come "
+                "out of fed in float); 7 bits for the reason the weights have them"
             )
         if self.shapes_of_quantized:
             rules.append("a Shape reads the quantized tensor, not a dequantized copy made for it")
@@ -238,10 +245,10 @@ PROFILES: dict[str, TargetProfile] = {
             # measured on ViT-Tiny, 1 thread: ORT's QLinearSoftmax is several times slower
             # than its float Softmax; GELU has no integer kernel (benchmarks/results/ort_speed.md)
             gemm_linears=True,
-            # Split too: its outputs are quantized again, q to u8 and K, V to s8
-            float_inputs=frozenset({"Softmax", "Gelu", "Split"}),
+            float_inputs=frozenset({"Softmax", "Gelu"}),
             fold_factors=True,
             signed_right_operands=True,
+            signed_min_macs=SIGNED_MIN_MACS,
             shapes_of_quantized=True,
             accelerator_ops=ORT_CPU_OPS,
             notes="reference target; the int8 ONNX file also runs on any ORT build",
@@ -267,6 +274,7 @@ PROFILES: dict[str, TargetProfile] = {
             float_inputs=frozenset(),
             fold_factors=False,
             signed_right_operands=False,
+            signed_min_macs=SIGNED_MIN_MACS,
             shapes_of_quantized=False,
             accelerator_ops=ETHOS_U_OPS,
             notes="ops Vela cannot place run on the Cortex-A55",
@@ -292,6 +300,7 @@ PROFILES: dict[str, TargetProfile] = {
             float_inputs=frozenset(),
             fold_factors=False,
             signed_right_operands=False,
+            signed_min_macs=SIGNED_MIN_MACS,
             shapes_of_quantized=False,
             accelerator_ops=VX_DELEGATE_OPS,
             notes="per-tensor int8; NPU integer math is not bit-exact vs the CPU",
@@ -320,6 +329,7 @@ PROFILES: dict[str, TargetProfile] = {
             float_inputs=frozenset(),  # TIDL runs the whole graph in integer
             fold_factors=False,  # kept as exported: the file is TIDL's, not ONNX Runtime's
             signed_right_operands=False,  # TIDL's MatMuls are s8 x s8 already
+            signed_min_macs=SIGNED_MIN_MACS,
             shapes_of_quantized=False,
             accelerator_ops=TIDL_OPS,
             notes="symmetric only, power-of-2 scales, both MatMul inputs signed",
