@@ -124,6 +124,8 @@ def _s8_operand(
         current = moved.output[0]
         for reader in shape_readers:  # a Shape reads the same shape from the s8 tensor
             reader.input[0] = current
+    for reader in chain.operand_readers:
+        reader.input[0] = current
     nodes.append(
         helper.make_node(
             "DequantizeLinear", [current, names["dq_scale"], names["zero"]], [chain.matmul.input[1]]
@@ -142,7 +144,8 @@ class _OperandChain:
     source: str
     moves: list[tuple[onnx.NodeProto, list[onnx.NodeProto]]]  # shape op, Shape ops reading it
     pairs: list[tuple[onnx.NodeProto, onnx.NodeProto]]  # (Q, DQ), from the MatMul up
-    source_readers: list[onnx.NodeProto]  # Shape ops reading the source, dequantized
+    source_readers: list[onnx.NodeProto]  # Shape ops reading the source (quantized or not)
+    operand_readers: list[onnx.NodeProto]  # Shape ops reading the MatMul's operand, quantized
 
 
 def tensor_absmax(
@@ -236,26 +239,30 @@ def _operand_chain(
 ) -> _OperandChain | None:
     """The right operand's path up through Q/DQ pairs and shape ops to the first tensor that
     is not a shape op's output, or None when the path holds another op or a tensor with a
-    reader elsewhere (a Shape op may read the dequantized tensors: it moves with them)."""
+    reader elsewhere (a Shape may read any of its tensors, quantized or not: it moves to the
+    s8 tensor in its place)."""
     pairs: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []
     moves: list[tuple[onnx.NodeProto, list[onnx.NodeProto]]] = []
+    operand_readers: list[onnx.NodeProto] = []
     dequantize, reader = producers[matmul.input[1]], matmul
     while True:
         quantize = producers.get(dequantize.input[0])
         if quantize is None or quantize.op_type != "QuantizeLinear":
             return None
         others = [r for r in consumers[dequantize.output[0]] if r is not reader]
-        if len(consumers[quantize.output[0]]) != 1 or any(r.op_type != "Shape" for r in others):
+        quantized_readers = [r for r in consumers[quantize.output[0]] if r is not dequantize]
+        if any(r.op_type != "Shape" for r in [*others, *quantized_readers]):
             return None
         if not _per_tensor_pair(quantize, dequantize, constants):
             return None
-        # a Shape of the MatMul's own input reads the new DequantizeLinear's (same name); one
-        # higher up reads the s8 tensor at its place
-        rewire = [] if reader is matmul else others
+        if reader is matmul:  # the MatMul's own input: its DequantizeLinear keeps its name
+            operand_readers, rewire = quantized_readers, []
+        else:
+            rewire = others + quantized_readers
         pairs.append((quantize, dequantize))
         moved = producers.get(quantize.input[0])
         if moved is None or moved.op_type not in SHAPE_OPS:
-            return _OperandChain(matmul, quantize.input[0], moves, pairs, rewire)
+            return _OperandChain(matmul, quantize.input[0], moves, pairs, rewire, operand_readers)
         if len(consumers[moved.output[0]]) != 1:
             return None
         previous = producers.get(moved.input[0])

@@ -265,3 +265,29 @@ def test_a_shape_reads_the_quantized_tensor_and_a_dequantize_made_for_it_goes() 
     assert ops.count("DequantizeLinear") == 1  # the one the Relu still reads
     assert all(n.input[0] == "x_q" for n in model.graph.node if n.op_type == "Shape")
     np.testing.assert_array_equal(exact(model, feeds), before)
+
+
+def test_a_shape_of_the_operand_moves_to_its_s8_tensor(tmp_path: Path) -> None:
+    """Hugging Face's exported attention reads K's shape; once the Shape reads the quantized
+    tensor (shapes_of_quantized), the operand still becomes s8 and the Shape follows it."""
+    model = qdq_attention(0.5)
+    model.graph.node.append(helper.make_node("Shape", ["k_t_q"], ["k_shape"]))
+    model.graph.node.append(helper.make_node("Shape", ["k_q"], ["k_shape_before"]))
+    model.graph.output.extend(
+        helper.make_tensor_value_info(n, TensorProto.INT64, [3])
+        for n in ("k_shape", "k_shape_before")
+    )
+    rng = np.random.default_rng(1)
+    feeds = {n: rng.uniform(-3, 3, (2, 6, 4)).astype(np.float32) for n in ("q", "k")}
+    assert signed_right_operands(model, min_macs=0) == 1
+    producers = {out: n for n in model.graph.node for out in n.output}
+    shapes = {n.output[0]: producers[n.input[0]] for n in model.graph.node if n.op_type == "Shape"}
+    assert shapes["k_shape"].op_type == "Transpose" and shapes["k_shape"].output[0].endswith("_s8")
+    assert shapes["k_shape_before"].op_type == "QuantizeLinear"
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    _, k_shape, k_shape_before = session.run(None, feeds)
+    assert k_shape.tolist() == [2, 4, 6] and k_shape_before.tolist() == [2, 6, 4]
