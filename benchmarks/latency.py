@@ -31,6 +31,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -218,8 +219,11 @@ def interleaved(
     settings: list[tuple[int, int, float, int]],
     rounds: int,
     min_runs: int = 5,
+    clock: Callable[[int], str] = lambda threads: "samples_ms",
 ) -> dict[str, dict[str, list[float]]]:
-    """Round-robin: in each round every setting, in it every probe (the order rotates)."""
+    """Round-robin: in each round every setting, in it every probe (the order rotates).
+    ``clock``: which of the probe's figures to pool for a thread count (wall time, or
+    ``cpu_ms``)."""
     pooled: dict[str, dict[str, list[float]]] = {name: {} for name in probes}
     names = list(probes)
     for r in range(rounds):
@@ -230,7 +234,7 @@ def interleaved(
                 reply = probes[name].ask(
                     threads=threads, batch=batch, budget_s=budget, warmup=first, min_runs=min_runs
                 )
-                pooled[name].setdefault(key, []).extend(reply["samples_ms"])
+                pooled[name].setdefault(key, []).extend(reply[clock(threads)])
     return pooled
 
 

@@ -13,7 +13,8 @@ stdout:
 
 A run warms up, then times ``quant.latency.time_calls`` for as many calls as fit the
 budget (``min_runs``, default 5, to 400); every single call's time is returned, so the parent
-pools them over rounds.
+pools them over rounds: wall time (``samples_ms``) and the calling thread's CPU time
+(``cpu_ms``: all of a 1-thread call's work, whatever else shares the cores).
 A batch of N (at most the samples given) is one call with N samples (torch, ORT: dynamic
 batch) or N invokes of the static batch-1 TFLite file (LiteRT).
 """
@@ -136,14 +137,21 @@ def main() -> None:
         least = command.get("min_runs", MIN_RUNS)
         runs = int(np.clip(command["budget_s"] / max(per_call, 1e-6), least, MAX_RUNS))
         samples: list[float] = []
+        cpu: list[float] = []  # this thread's CPU time: all of a 1-thread call's work
 
-        def timed(call: Callable[[], object] = call, samples: list[float] = samples) -> None:
-            t0 = time.perf_counter()
+        def timed(
+            call: Callable[[], object] = call,
+            samples: list[float] = samples,
+            cpu: list[float] = cpu,
+        ) -> None:
+            t0, c0 = time.perf_counter(), time.thread_time()
             call()
             samples.append((time.perf_counter() - t0) * 1e3)
+            cpu.append((time.thread_time() - c0) * 1e3)
 
         time_calls(timed, key[0], runs=runs, warmup=0)
-        print(json.dumps({"samples_ms": samples, "maxrss_mb": _maxrss_mb()}), flush=True)
+        reply = {"samples_ms": samples, "cpu_ms": cpu, "maxrss_mb": _maxrss_mb()}
+        print(json.dumps(reply), flush=True)
 
 
 if __name__ == "__main__":

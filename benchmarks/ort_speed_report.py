@@ -23,7 +23,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['total_s']:.0f} s, on **{result['host']}**; ONNX Runtime "
         f"{result['onnxruntime']}; load average before {result['load_average_before']}, after "
         f"{result['load_average_after']} (other work shared the 2 cores). Batch 1, one thread, "
-        f"p50 of {result['rounds']} interleaved rounds x {result['calls']} calls. Steps are "
+        f"p50 of {result['rounds']} interleaved rounds x {result['calls']} calls of the calling "
+        "thread's CPU time (a 1-thread call's whole work; on a shared machine wall time also "
+        "counts other jobs' time slices: its p50 is in the JSON). Steps are "
         "cumulative; the last one is the cpu target's profile (step 3 is the cpu file before "
         "issue 32's levers). Predicted = estimated before measuring (from the op profile of "
         "the step before; the attention products from their kernels timed alone); measured = "
@@ -126,7 +128,8 @@ def threads_tables(data: dict[str, Any]) -> list[str]:
     lines = [
         "",
         "## Threads and batch (ViT-Tiny, p50 ms, each configuration in its own process, "
-        "round-robin)",
+        "round-robin; 1 thread: the calling thread's CPU time, 2 threads: wall time, which "
+        "counts whatever else ran on the 2 cores)",
         "",
         "| configuration | b1, 1 thr | b1, 2 thr | b8, 1 thr | b8, 2 thr | 2-thread speed-up "
         "b1 / b8 |",
