@@ -47,7 +47,7 @@ TIDL_OPS = frozenset({
 # The smallest product of two activations (multiply-adds a sample) worth an s8 right operand:
 # below it the faster u8 x s8 kernel saves less than the Clip and QuantizeLinear it takes
 # (benchmarks/results/ort_speed.md, forced on the bundled examples, 0.15-0.26 M multiply-adds a
-# product: up to 12 % slower; ViT-Tiny, 7.4 M: 7 % faster).
+# product: up to 22 % slower; ViT-Tiny, 7.4 M: 6 % faster).
 SIGNED_MIN_MACS = 1_000_000
 # ONNX Runtime's CPU provider runs every standard op: nothing falls back.
 ORT_CPU_OPS: frozenset[str] = frozenset()
