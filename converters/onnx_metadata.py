@@ -10,3 +10,6 @@ modules on first use): ``quant.sources`` reads these keys in every target's buil
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
 NAMESPACE = "namespace"  # "': Model/blocks.0: Block/blocks.0.attn: Attention/softmax: aten...'"
+# onnxscript's optimizer (the dynamo exporter runs it) records on a folded constant the values
+# it was computed from, as a list literal: a lookup at constant indices names its table there.
+FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"

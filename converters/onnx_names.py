@@ -12,10 +12,10 @@ import ast
 import onnx_ir as ir
 
 from .graph import offline_norm_classes
-from .onnx_metadata import CLASS_HIERARCHY, NAME_SCOPES
+from .onnx_metadata import CLASS_HIERARCHY, FOLDED_FROM, NAME_SCOPES
 
 
-def _metadata_list(node: ir.Node, key: str) -> list[str]:
+def _metadata_list(node: ir.Node | ir.Value, key: str) -> list[str]:
     try:
         value = ast.literal_eval(node.metadata_props.get(key, "[]"))
     except (ValueError, SyntaxError):
@@ -38,6 +38,14 @@ def layer_name(node: ir.Node) -> str:
     """The module path of a MatMul/Gemm/Conv, else its name (or op and output)."""
     scopes = _metadata_list(node, NAME_SCOPES)
     return scopes[-2] if len(scopes) >= 2 else scope_path(node.name or "") or label(node)
+
+
+def folded_table_name(value: ir.Value) -> str:
+    """The module of the one table (a ``.weight``) a folded constant was computed from, when
+    the optimizer recorded it (BERT's position rows: ``bert.embeddings.position_embeddings``);
+    else ""."""
+    tables = [v for v in _metadata_list(value, FOLDED_FROM) if v.endswith(".weight")]
+    return tables[0].removesuffix(".weight") if len(tables) == 1 else ""
 
 
 def scope_path(name: str) -> str | None:

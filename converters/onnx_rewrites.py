@@ -97,6 +97,24 @@ def set_constant_input(
     node.replace_input_with(index, value)
 
 
+def constant_lookups(graph: ir.Graph) -> int:
+    """Every Gather of a constant table at constant indices (BERT's position rows) as the
+    constant it reads; returns how many."""
+    count = 0
+    for node in [n for n in graph if is_default_op(n, "Gather")]:
+        table, indices = constant(node.inputs[0]), constant(node.inputs[1])
+        if table is None or indices is None:
+            continue
+        axis = node.attributes.get("axis")
+        rows = np.take(table, indices, axis=axis.value if axis is not None else 0)
+        value = ir.Value(name=fresh_name(graph, f"{node.name}_rows"), const_value=ir.tensor(rows))
+        graph.register_initializer(value)
+        ir.convenience.replace_all_uses_with(node.outputs[0], value, replace_graph_outputs=True)
+        graph.remove(node, safe=True)
+        count += 1
+    return count
+
+
 def int64_initializer(graph: ir.Graph, values: list[int], name: str) -> ir.Value:
     value = ir.Value(
         name=fresh_name(graph, name), const_value=ir.tensor(np.array(values, dtype=np.int64))

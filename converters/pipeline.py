@@ -26,17 +26,18 @@ from torch import Tensor, nn
 import edge_un
 import edge_un.hf
 from edge_un import data as edge_data
-from edge_un.finetune.inputs import logits_of
+from edge_un.training.inputs import logits_of
 
 from .errors import ConversionError
 from .export import ExportInfo, export_onnx, op_histogram
-from .fold import default_example_inputs, fold_norms
+from .fold import fold_norms
 from .fold_report import FoldReport
 from .onnx_fold import fold_onnx, load_onnx
 from .opset import convert_opset, with_static_batch
 from .program import load_program, program_example_inputs
 from .progress import Progress, ProgressEvent, ignore_progress
 from .source import ModelSource
+from .trace import default_example_inputs
 
 ONNX_NAME = "model.onnx"
 REPORT_NAME = "report.json"

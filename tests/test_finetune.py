@@ -6,6 +6,8 @@ claims to improve, not that it reaches the benchmark's bars.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -25,7 +27,7 @@ from edge_un.finetune import (
     residual_ranges,
     save_finetuned,
 )
-from edge_un.training import fit
+from edge_un.training import TrainingDivergedError, fit
 from service.cli import main as cli_main
 
 from . import norm_statistics
@@ -263,3 +265,25 @@ def test_cli_bad_input_is_one_line(checkpoints, tmp_path, capsys, argv, message)
 def test_converter_error_for_layernorm_names_migrate(checkpoints) -> None:
     with pytest.raises(OnlineNormError, match="edge-un migrate"):
         fold_norms(checkpoints["ln"].model)
+
+
+@pytest.mark.parametrize("run", ["train", "migrate", "int8-ready"])
+def test_every_run_stops_at_the_first_non_finite_loss(run: str, checkpoints, digits) -> None:
+    """Training from scratch, migration and the int8-ready fine-tune step through one loop: a
+    learning rate that blows the weights up on the first step is caught by its loss on the
+    second, before any step on it, whichever entry point ran."""
+    x, y, vx, vy = _parts(digits)
+    wild = FinetuneRecipe(epochs=1, lr=1e30)
+    quiet = {"progress": False, "log": None}
+    with pytest.raises(TrainingDivergedError) as raised:
+        if run == "train":
+            fit("vit", "tiny", "ln", "digits", epochs=1, lr=1e30, dataset=digits, **quiet)
+        elif run == "migrate":
+            migrate(checkpoints["ln"].model, x, y, recipe=wild, val_inputs=vx, val_labels=vy,
+                    **quiet)  # fmt: skip
+        else:
+            make_int8_ready(checkpoints["un"].model, x, y, recipe=wild, **quiet)
+    message = str(raised.value)
+    words = "training" if run == "train" else "fine-tune"
+    assert re.match(rf"{words} diverged: loss is (nan|inf) at epoch 1, step 2 \(", message)
+    assert "lr=1e+30" in message and message.endswith("try a lower learning rate (--lr)")

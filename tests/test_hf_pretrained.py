@@ -366,3 +366,28 @@ def test_bundled_hf_example_reaches_its_recorded_test_accuracy(name: str) -> Non
     accuracy = (predictions == labels).double().mean().item()
     assert accuracy == pytest.approx(info.metadata["test_accuracy"], abs=1e-9)
     assert accuracy >= {"mnist": 0.95, "rt": 0.72}[dataset]
+
+
+def test_the_example_builder_writes_a_directory_that_scores_what_it_records(tmp_path) -> None:
+    """``python -m benchmarks.make_hf_examples`` (what regenerates the hf-* examples), cut to
+    one epoch: it trains through edge_un's training loop, writes a directory that loads back
+    with UN warm-up scaled to the run, and exits 0 only if the reloaded model scores the test
+    accuracy it recorded."""
+    out = tmp_path / "hf-vit-un"
+    argv = ["--model", "vit", "--norm", "un", "--epochs", "1", "--threads", "1", "--no-progress"]
+    command = [sys.executable, "-m", "benchmarks.make_hf_examples", *argv, "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    model, info = edge_un.load_pretrained(out)
+    meta = info.metadata
+    assert result.stdout.strip().endswith(
+        f"wrote {out} (test accuracy {meta['test_accuracy']:.4f}, un)"
+    )
+    assert meta["command"].startswith("python -m benchmarks.make_hf_examples --model vit --norm un")
+    assert [h["epoch"] for h in meta["history"]] == [1]
+    assert meta["recipe"]["total_steps"] == 55  # 3500 training images in batches of 64
+    assert meta["recipe"]["augmentation"] == "random shift up to 1 px"
+    assert info.norm_kwargs == {**info.norm_kwargs, "warmup_iters": 4, "momentum": 0.5}  # 8 %
+    norms = [m for m in model.modules() if isinstance(m, UnifiedNorm)]
+    assert len(norms) == 9 and {(m.warmup_iters, m.momentum) for m in norms} == {(4, 0.5)}
+    assert meta["test_accuracy"] > 0.15  # chance is 0.1; 0.21 here after one epoch

@@ -1,17 +1,12 @@
 """Fine-tuning for deployment: distil a LayerNorm model into UN, make a UN model int8-ready,
 and recompute precise inference statistics. One distillation engine serves every use, for
-edge_un's own models (one input tensor) and Hugging Face models (named inputs) alike."""
+edge_un's own models (one input tensor) and Hugging Face models (named inputs) alike; it takes
+its steps in the one training loop, :mod:`edge_un.training.loop`."""
 
-from .engine import (
-    EpochRecord,
-    ExtraLoss,
-    FinetuneRecipe,
-    FinetuneResult,
-    agreement,
-    distill,
-    predict,
-)
-from .inputs import ModelInputs
+from ..training.evaluation import agreement, predict
+from ..training.inputs import ModelInputs
+from ..training.loop import ExtraLoss
+from .engine import EpochRecord, FinetuneRecipe, FinetuneResult, distill
 from .int8_ready import METHODS, BranchDecay, RangePenalty, make_int8_ready, residual_ranges
 from .migrate import NothingToMigrateError, migrate, migration_student
 from .recalibrate import LayerTID, RecalibrationReport, inference_statistics, recalibrate

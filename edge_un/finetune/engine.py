@@ -1,19 +1,19 @@
-"""One distillation engine for every fine-tune: a frozen teacher, a student, the same loop.
+"""One distillation engine for every fine-tune: a frozen teacher, a student, the one training
+loop (:mod:`edge_un.training.loop`, which training from scratch takes its steps in too).
 
 Migration (LayerNorm -> UN) and the int8-ready fine-tune are the same job with a different
 student and a different extra loss: the student matches the teacher's temperature-softened
 logits (KL), plus the label loss when labels exist. Distillation needs no labels, so a user can
 migrate a model on unlabelled data from their own deployment.
 
-Inputs are named, batch-first tensors (:mod:`.inputs`): one tensor for edge_un's own models,
-several keyword inputs for a Hugging Face model (``input_ids`` with ``attention_mask``); every
-batch takes the same rows of each.
+Inputs are named, batch-first tensors (:mod:`edge_un.training.inputs`): one tensor for edge_un's
+own models, several keyword inputs for a Hugging Face model (``input_ids`` with
+``attention_mask``); every batch takes the same rows of each.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,21 +21,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
-from ..norms import PowerNormStar, UnifiedNorm, regularization_loss
-from ..training.fit import (
-    EVAL_BATCH,
-    TrainingDivergedError,
-    filtered_counts,
-    lr_factor,
-    parameter_groups,
-    random_shift,
-)
-from .inputs import Inputs, ModelInputs, batches, count, forward, head, is_image, named, rows
-
-# Called after every training forward of the student; returns a scalar added to the loss.
-ExtraLoss = Callable[[nn.Module], Tensor]
+from ..norms import PowerNormStar, UnifiedNorm
+from ..training.evaluation import accuracy_of, agreement, filtered_counts, predict
+from ..training.inputs import Inputs, ModelInputs, count, forward, head, named
+from ..training.loop import EpochLosses, ExtraLoss, Schedule, train
 
 
 @dataclass(frozen=True)
@@ -61,14 +51,17 @@ class FinetuneRecipe:
     keep_best: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "lr", "temperature"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        self.schedule()  # refuses a non-positive epochs, batch_size or lr
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature}")
         if not 0.0 <= self.label_weight <= 1.0:
             raise ValueError(f"label_weight must be in [0, 1], got {self.label_weight}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def schedule(self) -> Schedule:
+        return Schedule.of(self)
 
 
 @dataclass
@@ -110,25 +103,6 @@ class FinetuneResult:
         return [asdict(record) for record in self.history]
 
 
-@torch.no_grad()
-def predict(model: nn.Module, inputs: ModelInputs) -> Tensor:
-    """Eval-mode logits in batches; NaN/Inf is divergence, not a low score."""
-    model.eval()
-    logits = torch.cat([forward(model, batch) for batch in batches(named(inputs), EVAL_BATCH)])
-    if not torch.isfinite(logits).all():
-        raise TrainingDivergedError("model outputs NaN/Inf in eval mode")
-    return logits
-
-
-def agreement(a: Tensor, b: Tensor) -> float:
-    """Share of rows whose top-1 class is the same in two logit tensors."""
-    return float((a.argmax(-1) == b.argmax(-1)).double().mean())
-
-
-def accuracy_of(logits: Tensor, labels: Tensor) -> float:
-    return float((logits.argmax(-1) == labels).double().mean())
-
-
 def scale_norm_warmup(model: nn.Module, steps: int) -> dict[str, int]:
     """Give every UN / PN layer ``steps`` steps of warm-up (batch statistics) from its current
     step count: a migrated norm starts at step 0, an already trained one re-enters a short
@@ -139,16 +113,6 @@ def scale_norm_warmup(model: nn.Module, steps: int) -> dict[str, int]:
             module.warmup_iters = int(module.num_steps) + steps
             scaled[name] = module.warmup_iters
     return scaled
-
-
-def augment(batch: Inputs, recipe: FinetuneRecipe, generator: torch.Generator) -> Inputs:
-    """The recipe's random shift applied to every image input; other inputs pass unchanged."""
-    if not recipe.shift:
-        return batch
-    return {
-        name: random_shift(tensor, recipe.shift, generator) if is_image(tensor) else tensor
-        for name, tensor in batch.items()
-    }
 
 
 def distillation_loss(
@@ -191,13 +155,14 @@ def distill(
     desc: str = "fine-tune",
 ) -> FinetuneResult:
     """Fine-tune ``student`` in place to match the frozen ``teacher`` on ``inputs`` (a tensor,
-    or named tensors for a model taking several inputs: see :mod:`.inputs`).
+    or named tensors for a model taking several inputs: see :mod:`edge_un.training.inputs`).
 
-    AdamW (decay on matrices only) with a linear warm-up then cosine decay, gradient clipping,
-    UN/PN warm-up scaled to the run, RBN's penalty when present, ``extra_loss(student)`` after
-    every forward. Validation each epoch: student accuracy (with ``val_labels``) and top-1
-    agreement with the teacher; without ``val_inputs`` the first 500 training inputs are used
-    for agreement. With ``recipe.keep_best`` the student ends with the weights of the epoch
+    The one training loop (:func:`edge_un.training.loop.train`: AdamW with decay on matrices
+    only, a linear warm-up then cosine decay, gradient clipping, RBN's penalty when present)
+    with :func:`distillation_loss` and ``extra_loss(student)`` after every forward; UN/PN
+    warm-up scaled to the run. Validation each epoch: student accuracy (with ``val_labels``)
+    and top-1 agreement with the teacher; without ``val_inputs`` the first 500 training inputs
+    are used for agreement. With ``recipe.keep_best`` the student ends with the weights of the epoch
     (0: as it started) that agreed best with the teacher on validation. Raises
     TrainingDivergedError as soon as the loss is NaN/Inf.
     """
@@ -214,68 +179,36 @@ def distill(
         val = named(val_inputs)
     teacher.eval().requires_grad_(False)
     teacher_val = predict(teacher, val)
+    schedule = recipe.schedule()
+    norm_warmup = scale_norm_warmup(student, schedule.norm_warmup_steps(samples))
 
-    steps_per_epoch = math.ceil(samples / recipe.batch_size)
-    total_steps = recipe.epochs * steps_per_epoch
-    warmup_steps = max(1, round(total_steps * recipe.lr_warmup_fraction))
-    norm_warmup = scale_norm_warmup(
-        student, max(1, round(total_steps * recipe.norm_warmup_fraction))
-    )
-
-    torch.manual_seed(recipe.seed)
-    generator = torch.Generator().manual_seed(recipe.seed)
-    optimizer = torch.optim.AdamW(
-        parameter_groups(student, recipe.weight_decay), lr=recipe.lr, betas=(0.9, 0.999)
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, warmup_steps, total_steps)
-    )
+    torch.manual_seed(recipe.seed)  # dropout, where the student has any
     history: list[EpochRecord] = []
     best: _Best | None = None
     if recipe.keep_best:
-        best = _Best(student, _validate(student, teacher_val, val, val_labels, 0, [], []))
+        best = _Best(student, _validate(student, teacher_val, val, val_labels))
         if log is not None:
             log(_epoch_line(best.record, recipe.epochs))
-    bar = tqdm(total=total_steps, disable=not progress, desc=desc, unit="step")
-    try:
-        for epoch in range(1, recipe.epochs + 1):
-            student.train()
-            order = torch.randperm(samples, generator=generator)
-            losses, extras = [], []
-            for start in range(0, samples, recipe.batch_size):
-                picked = order[start : start + recipe.batch_size]
-                batch = augment(rows(inputs, picked), recipe, generator)
-                teacher_logits = None
-                if recipe.distill:
-                    with torch.no_grad():
-                        teacher_logits = forward(teacher, batch)
-                batch_labels = None if labels is None else labels[picked]
-                student_logits = forward(student, batch)
-                loss = distillation_loss(student_logits, teacher_logits, batch_labels, recipe)
-                loss = loss + regularization_loss(student)
-                extra = extra_loss(student) if extra_loss is not None else torch.zeros(())
-                total = loss + extra
-                if not torch.isfinite(total):
-                    raise TrainingDivergedError(
-                        f"fine-tune diverged: loss is {total.item()} at epoch {epoch}, step "
-                        f"{bar.n + 1} (lr={recipe.lr}); try a lower lr"
-                    )
-                optimizer.zero_grad(set_to_none=True)
-                total.backward()
-                nn.utils.clip_grad_norm_(student.parameters(), recipe.clip_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                losses.append(loss.item())
-                extras.append(float(extra.detach()))
-                bar.update(1)
-                bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
-            history.append(_validate(student, teacher_val, val, val_labels, epoch, losses, extras))
-            if log is not None:
-                log(_epoch_line(history[-1], recipe.epochs))
-            if best is not None:
-                best.offer(student, history[-1])
-    finally:
-        bar.close()
+
+    def student_loss(batch: Inputs, batch_labels: Tensor | None) -> Tensor:
+        teacher_logits = None
+        if recipe.distill:
+            with torch.no_grad():
+                teacher_logits = forward(teacher, batch)
+        return distillation_loss(forward(student, batch), teacher_logits, batch_labels, recipe)
+
+    def end_epoch(epoch: EpochLosses) -> None:
+        history.append(_validate(student, teacher_val, val, val_labels, epoch))
+        if log is not None:
+            log(_epoch_line(history[-1], recipe.epochs))
+        if best is not None:
+            best.offer(student, history[-1])
+
+    train(
+        student, inputs, labels, schedule, student_loss, extra_loss=extra_loss,
+        on_epoch=end_epoch, progress=progress, desc=desc, run="fine-tune",
+        context=f"lr={recipe.lr}",
+    )  # fmt: skip
     kept = None
     if best is not None:
         kept = best.restore(student)
@@ -288,7 +221,7 @@ def distill(
         teacher=teacher,
         recipe=recipe,
         history=history,
-        total_steps=total_steps,
+        total_steps=schedule.total_steps(samples),
         norm_warmup_iters=norm_warmup,
         extras={"num_filtered": filtered_counts(student)},
         kept=kept,
@@ -316,15 +249,14 @@ def _validate(
     teacher_val: Tensor,
     val_inputs: Inputs,
     val_labels: Tensor | None,
-    epoch: int,
-    losses: list[float],
-    extras: list[float],
+    epoch: EpochLosses | None = None,
 ) -> EpochRecord:
+    """The student against its teacher on validation after ``epoch`` (None: before training)."""
     logits = predict(student, val_inputs)
     return EpochRecord(
-        epoch=epoch,
-        train_loss=sum(losses) / len(losses) if losses else 0.0,
-        extra_loss=sum(extras) / len(extras) if extras else 0.0,
+        epoch=0 if epoch is None else epoch.epoch,
+        train_loss=0.0 if epoch is None else epoch.train_loss,
+        extra_loss=0.0 if epoch is None else epoch.extra_loss,
         val_accuracy=None if val_labels is None else accuracy_of(logits, val_labels),
         val_agreement=agreement(logits, teacher_val),
     )

@@ -34,8 +34,8 @@ import torch
 from torch import Tensor, nn
 
 from ..norms import LayerNorm, OfflineNorm
+from ..training.inputs import ModelInputs, batches, call, head, named
 from .engine import FinetuneRecipe, FinetuneResult, distill
-from .inputs import ModelInputs, batches, call, head, named
 
 METHODS: tuple[str, ...] = ("range", "growth", "decay", "fakequant")
 # The Linear that ends each residual branch (attention, MLP), by module name suffix: edge_un's

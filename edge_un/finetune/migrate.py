@@ -16,8 +16,9 @@ from torch import Tensor, nn
 
 from ..norms import OFFLINE_KINDS, OfflineNorm, UnifiedNorm
 from ..swap import swap_layernorm
-from .engine import FinetuneRecipe, FinetuneResult, agreement, distill, predict
-from .inputs import ModelInputs, head, named
+from ..training.evaluation import agreement, predict
+from ..training.inputs import ModelInputs, head, named
+from .engine import FinetuneRecipe, FinetuneResult, distill
 from .recalibrate import RecalibrationReport, recalibrate
 
 # A student that agrees with its teacher on this share of the validation samples right after the
@@ -52,7 +53,8 @@ def migrate(
     filled with them), then the student is fine-tuned with :func:`distill`. An edge_un model's
     ``config`` is updated to the new norm, so the result saves as a loadable checkpoint; a
     Hugging Face model records its norms when saved with :func:`edge_un.save_pretrained`.
-    ``inputs`` is a tensor, or named tensors for a model taking several (see :mod:`.inputs`).
+    ``inputs`` is a tensor, or named tensors for a model taking several (see
+    :mod:`edge_un.training.inputs`).
     With ``polish_lr``, a student that already agrees with its teacher on at least
     ``INTACT_AGREEMENT`` of the validation samples is fine-tuned at that learning rate instead of
     ``recipe.lr``. ``result.extras`` holds the agreement with the teacher before fine-tuning.

@@ -21,9 +21,9 @@ from torch import Tensor, nn
 from ..checkpoint import CheckpointInfo, load_checkpoint
 from ..data import UnknownDatasetError, checkpoint_dataset, load_dataset
 from ..hf import is_pretrained_model, load_pretrained, named_inputs
+from ..training.inputs import SINGLE_INPUT, ModelInputs, count, named
 from ..training.presets import PRESETS
 from .engine import FinetuneRecipe, FinetuneResult
-from .inputs import SINGLE_INPUT, ModelInputs, count, named
 from .int8_ready import make_int8_ready
 from .migrate import migrate
 from .npz import FinetuneDataError, input_specs, load_npz
@@ -54,7 +54,7 @@ MAX_DEFAULT_EPOCHS = 30
 @dataclass(frozen=True)
 class FinetuneData:
     """Inputs are a tensor for edge_un's one-input models, named tensors for a Hugging Face
-    model (see :mod:`.inputs`)."""
+    model (see :mod:`edge_un.training.inputs`)."""
 
     inputs: ModelInputs
     labels: Tensor | None

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hf import is_pretrained_model
-from .inputs import SINGLE_INPUT, Inputs
+from ..training.inputs import SINGLE_INPUT, Inputs
 
 LABELS = "labels"
 VAL = "val_"  # prefix of the validation split's arrays

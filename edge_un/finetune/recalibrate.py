@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..norms import OfflineNorm
 from ..norms.stats import flatten_tokens, masked_mean
-from .inputs import Inputs, ModelInputs, call, count, head, named, rows
+from ..training.inputs import Inputs, ModelInputs, call, count, head, named, rows
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,9 @@ def _execution_order(model: nn.Module, example: Inputs) -> list[tuple[str, Offli
     called: list[tuple[str, OfflineNorm]] = []
     handles = [
         module.register_forward_pre_hook(
-            lambda m, args, name=name: called.append((name, m))
-            if all(m is not seen for _, seen in called)
-            else None
+            lambda m, args, name=name: (
+                called.append((name, m)) if all(m is not seen for _, seen in called) else None
+            )
         )
         for name, module in model.named_modules()
         if isinstance(module, OfflineNorm)

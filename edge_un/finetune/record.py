@@ -17,8 +17,10 @@ from torch import Tensor
 
 from ..checkpoint import save_checkpoint
 from ..hf import is_pretrained_model, save_pretrained
-from .engine import FinetuneResult, accuracy_of, agreement, predict
-from .inputs import ModelInputs
+from ..training.evaluation import accuracy_of, agreement, predict
+from ..training.inputs import ModelInputs
+from ..training.loop import LR_SCHEDULE, OPTIMIZER
+from .engine import FinetuneResult
 
 # Keys of the source's metadata that describe the data, not the source's own training
 # (model_inputs: how a Hugging Face model's inputs are made from the data set's).
@@ -44,8 +46,8 @@ def finetune_metadata(
     metadata["norm"] = recorded or ",".join(sorted(kinds))
     recipe = result.recipe.to_dict()
     recipe.update(
-        optimizer="AdamW",
-        schedule="linear warm-up then cosine decay",
+        optimizer=OPTIMIZER,
+        schedule=LR_SCHEDULE,
         loss="T^2 KL(teacher || student) at temperature T"
         + (", mixed with cross-entropy on labels" if result.recipe.label_weight else "")
         if result.recipe.distill

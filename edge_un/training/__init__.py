@@ -1,6 +1,9 @@
-"""Training the reference Transformers on real data: presets and the ``fit`` loop."""
+"""Training the reference Transformers on real data: presets, ``fit``, and the one training loop
+(:mod:`.loop`) that fitting, migration, fine-tuning and the example builders share."""
 
-from .fit import FitResult, TrainingDivergedError, filtered_counts, fit, lr_factor
+from .evaluation import filtered_counts
+from .fit import FitResult, fit, train_classifier
+from .loop import Schedule, TrainingDivergedError, lr_factor
 from .presets import MODELS, PRESETS, Preset, get_preset, preset_names
 
 __all__ = [
@@ -8,10 +11,12 @@ __all__ = [
     "PRESETS",
     "FitResult",
     "Preset",
+    "Schedule",
     "TrainingDivergedError",
     "filtered_counts",
     "fit",
     "get_preset",
     "lr_factor",
     "preset_names",
+    "train_classifier",
 ]

@@ -1,0 +1,300 @@
+"""The fold rules' view of a torch.export (aten-level) fx graph, and their edits to it.
+
+A norm is found by its module call (``nn_module_stack``), not by attribute names, so any model
+works; its ``(scale, shift)`` is read from the traced chain itself, which is what
+``edge_un.OfflineNorm.affine()`` computes, so a saved ``.pt2`` whose classes are never imported
+folds the same as a live model.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import Tensor, fx
+
+from .equations import compose_affine_chain
+from .errors import ConversionError
+from .fold_rules import Kind, Norm, Op, Term
+from .graph import (
+    AFFINE_OPS,
+    ASSERT_OPS,
+    CONV_OPS,
+    IDENTITY_OPS,
+    LINEAR_OPS,
+    RESHAPE_OPS,
+    SHAPE_ONLY_OPS,
+    Constants,
+    aten,
+    fetch_attr,
+    module_call,
+    module_path,
+    normalize_dims,
+    offline_norm_classes,
+    set_attr,
+    shape,
+)
+
+ELEMENTWISE = {"add": Kind.ADD, "sub": Kind.SUB, "mul": Kind.MUL, "div": Kind.MUL}
+LOOKUP_OPS = {aten.embedding.default}
+SELECT_OPS = {aten.slice.Tensor, aten.select.int, aten.index_select.default}
+
+
+class FxFoldGraph:
+    """:class:`~converters.fold_rules.FoldGraph` over a GraphModule (edited in place)."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+        self.constants = Constants(gm)
+
+    # -- the norms ---------------------------------------------------------------------------
+    def norm_sites(self) -> list[str]:
+        classes = offline_norm_classes()
+        keys: dict[str, None] = {}
+        for node in self.gm.graph.nodes:
+            call = module_call(node) if node.op == "call_function" else None
+            if call and call[2] in classes:
+                keys[call[0]] = None
+        return list(keys)
+
+    def describe_norm(self, site: Any) -> Norm:
+        """The chain ``input -> (mul/add/... by constants) -> output`` of one norm call."""
+        nodes = [
+            n
+            for n in self.gm.graph.nodes
+            if n.op == "call_function" and (module_call(n) or ("",))[0] == site
+        ]
+        _, path, cls = module_call(nodes[0])  # type: ignore[misc]
+        scope = set(nodes)
+        outputs = [n for n in nodes if any(u not in scope for u in n.users)]
+        if len(outputs) != 1:
+            raise ConversionError(
+                f"norm {path} has {len(outputs)} outputs in the graph, expected 1"
+            )
+        chain: list[fx.Node] = []
+        node = outputs[0]
+        while node in scope:
+            chain.append(node)
+            data = [a for a in node.all_input_nodes if not self.constants.is_const(a)]
+            if node.op != "call_function" or len(data) != 1:
+                raise ConversionError(
+                    f"norm {path} is not a per-channel affine (exported in eval?)"
+                )
+            node = data[0]
+        chain.reverse()
+        extra = [
+            n
+            for n in nodes
+            if not self.constants.is_const(n) and n not in chain and n.target not in ASSERT_OPS
+        ]
+        if extra:
+            raise ConversionError(f"norm {path} computes more than x * scale + shift: {extra[0]}")
+        dims = shape(outputs[0])
+        if not dims:
+            raise ConversionError(f"norm {path}: no shape recorded for its output")
+        scale, shift = self._chain_affine(chain, node, dims[-1], path)
+        kind = offline_norm_classes()[cls].kind
+        return Norm(path, kind, tuple(nodes), node, outputs[0], scale, shift)
+
+    def _chain_affine(
+        self, chain: list[fx.Node], data: fx.Node, channels: int, path: str
+    ) -> tuple[Tensor, Tensor]:
+        """The chain's elementwise ops by constants as one ``(scale, shift)`` in float64."""
+        steps = []
+        for node in chain:
+            op = AFFINE_OPS.get(node.target)  # type: ignore[arg-type]
+            if node.target not in IDENTITY_OPS:
+                if op is None or (op in ("add", "sub") and node.kwargs.get("alpha", 1) != 1):
+                    raise ConversionError(
+                        f"norm {path}: {node.target} is not a per-channel affine op"
+                    )
+                data_first = node.args[0] is data
+                constant = self.constants.value(node.args[1] if data_first else node.args[0])
+                steps.append((op, torch.as_tensor(constant), data_first))
+            data = node
+        try:
+            return compose_affine_chain(steps, channels)
+        except ValueError as error:
+            raise ConversionError(f"norm {path}: {error}") from None
+
+    # -- reading the graph -------------------------------------------------------------------
+    def op(self, node: fx.Node) -> Op:
+        inputs: list[Any] = []
+        fx.node.map_arg((node.args, node.kwargs), inputs.append)  # every tensor read, in order
+        if not (node.args and isinstance(node.args[0], fx.Node)):
+            inputs.insert(0, None)  # its first argument is not a tensor: no data input
+        return Op(_kind(node), tuple(inputs), node, _axes(node))
+
+    def readers(self, value: fx.Node) -> list[fx.Node]:
+        return [user for user in value.users if user.op != "output"]
+
+    def producer(self, value: fx.Node) -> fx.Node | None:
+        return value if value.op == "call_function" else None
+
+    def is_output(self, value: fx.Node) -> bool:
+        return any(user.op == "output" for user in value.users)
+
+    def is_constant(self, value: Any) -> bool:
+        return not isinstance(value, fx.Node) or self.constants.is_const(value)
+
+    def shape(self, value: fx.Node) -> tuple[Any, ...] | None:
+        return shape(value)
+
+    def name(self, value: fx.Node) -> str:
+        return value.name
+
+    def describe(self, node: fx.Node) -> str:
+        return f"{module_path(node)}: {node.name} ({node.target})"
+
+    def layer_name(self, node: fx.Node) -> str:
+        return module_path(node)
+
+    def term_name(self, term: Term) -> str:
+        return module_path(term.node) if term.is_lookup else ""
+
+    def layer_problem(self, layer: fx.Node) -> str:
+        """ "" if the layer's weight and bias (a lookup's table) are parameters it alone uses."""
+        is_lookup = layer.target in LOOKUP_OPS
+        for arg in layer.args[:1] if is_lookup else layer.args[1:3]:
+            if arg is None:
+                continue
+            what = "table" if is_lookup else "weight"
+            if not isinstance(arg, fx.Node) or arg.op != "get_attr":
+                return f"{module_path(layer)} has a {what} that is not a constant parameter"
+            uses = self._reads(str(arg.target))
+            if uses != 1:
+                return f"{module_path(layer)} shares its {what} ({arg.target}): used {uses} times"
+        return ""
+
+    def _reads(self, target: str) -> int:
+        nodes = self.gm.graph.nodes
+        return sum(len(n.users) for n in nodes if n.op == "get_attr" and str(n.target) == target)
+
+    # -- editing it --------------------------------------------------------------------------
+    def bypass(self, norm: Norm) -> None:
+        self._route(norm, norm.input)
+
+    def _route(self, norm: Norm, replacement: fx.Node) -> None:
+        """Route the norm's readers to ``replacement`` and delete the norm's nodes."""
+        scope = set(norm.nodes)
+        norm.output.replace_all_uses_with(replacement, delete_user_cb=lambda u: u not in scope)
+        for node in reversed(norm.nodes):
+            self.gm.graph.erase_node(node)
+
+    def weights(self, layer: fx.Node) -> tuple[Tensor, Tensor | None]:
+        bias = layer.args[2] if len(layer.args) > 2 else None
+        weight = fetch_attr(self.gm, str(layer.args[1].target))  # type: ignore[union-attr]
+        return weight, fetch_attr(self.gm, str(bias.target)) if bias is not None else None  # type: ignore[union-attr]
+
+    def set_weights(self, layer: fx.Node, weight: Tensor, bias: Tensor) -> None:
+        """Write the weight and the bias back (a bias is created if the layer had none)."""
+        set_attr(self.gm, str(layer.args[1].target), weight)  # type: ignore[union-attr]
+        bias_node = layer.args[2] if len(layer.args) > 2 else None
+        if isinstance(bias_node, fx.Node):
+            set_attr(self.gm, str(bias_node.target), bias)
+            return
+        owner = str(layer.args[1].target).rpartition(".")[0]  # type: ignore[union-attr]
+        created = self._new_attribute(f"{owner}.bias" if owner else "bias", bias)
+        with self.gm.graph.inserting_before(layer):
+            new_node = self.gm.graph.get_attr(created)
+        layer.args = (*layer.args[:2], new_node, *layer.args[3:])
+
+    def term_values(self, term: Term) -> Tensor:
+        return torch.as_tensor(self.constants.value(term.node.args[term.index]))
+
+    def set_term_values(self, term: Term, values: Tensor) -> None:
+        source = term.node.args[term.index]
+        if source.op == "get_attr":  # a lookup's table
+            set_attr(self.gm, str(source.target), values)
+            return
+        created = self._new_attribute(f"{module_path(term.node)}.folded_term", values)
+        with self.gm.graph.inserting_before(term.node):
+            term.node.replace_input_with(source, self.gm.graph.get_attr(created))
+
+    def keep_as_scale_shift(self, norm: Norm) -> None:
+        """One Mul and one Add by constant (C,) vectors: no reduction, division or square root."""
+        dtype = norm.output.meta["val"].dtype
+        scale_target = self._new_attribute(f"{norm.name}.folded_scale", norm.scale.to(dtype))
+        shift_target = self._new_attribute(f"{norm.name}.folded_shift", norm.shift.to(dtype))
+        graph = self.gm.graph
+        with graph.inserting_before(norm.output.next):
+            mul = graph.call_function(aten.mul.Tensor, (norm.input, graph.get_attr(scale_target)))
+            add = graph.call_function(aten.add.Tensor, (mul, graph.get_attr(shift_target)))
+        for node in (mul, add):  # keep the norm's name on its replacement (ONNX metadata shows it)
+            node.meta["nn_module_stack"] = norm.output.meta.get("nn_module_stack", {})
+            node.meta["val"] = norm.output.meta.get("val")
+        self._route(norm, add)
+
+    def _new_attribute(self, target: str, tensor: Tensor) -> str:
+        """A free attribute name at ``target`` (suffixed if taken) holding ``tensor``."""
+        owner_path, _, name = target.rpartition(".")
+        owner = self.gm.get_submodule(owner_path) if owner_path else self.gm
+        candidate, index = name, 0
+        while hasattr(owner, candidate):
+            index += 1
+            candidate = f"{name}_{index}"
+        free = f"{owner_path}.{candidate}" if owner_path else candidate
+        set_attr(self.gm, free, tensor)
+        return free
+
+    def remove_dead_attributes(self) -> None:
+        """Drop get_attr nodes nothing reads any more, and the norm tensors behind them."""
+        graph = self.gm.graph
+        dead = [n for n in graph.nodes if n.op == "get_attr" and not n.users]
+        for node in dead:
+            graph.erase_node(node)
+        live = {str(n.target) for n in graph.nodes if n.op == "get_attr"}
+        norm_classes = tuple(offline_norm_classes().values())
+        for node in dead:
+            target = str(node.target)
+            if target in live:
+                continue
+            owner_path, _, name = target.rpartition(".")
+            owner = self.gm.get_submodule(owner_path) if owner_path else self.gm
+            if (
+                name in owner._parameters
+                or name in owner._buffers
+                or isinstance(owner, norm_classes)
+            ):
+                delattr(owner, name)
+
+
+def _kind(node: fx.Node) -> Kind:
+    target = node.target
+    if node.op == "call_module" and str(target).startswith("_guards"):
+        return Kind.SHAPE  # torch.export's input-shape guard: reads shapes, not values
+    if node.op != "call_function":
+        return Kind.OTHER
+    if target in AFFINE_OPS:
+        binary = all(isinstance(a, fx.Node) for a in node.args[:2]) and len(node.args) >= 2
+        return ELEMENTWISE[AFFINE_OPS[target]] if binary and not node.kwargs else Kind.OTHER  # type: ignore[index]
+    kinds = (
+        (LINEAR_OPS, Kind.LINEAR), (CONV_OPS, Kind.CONV), (LOOKUP_OPS, Kind.LOOKUP),
+        (IDENTITY_OPS, Kind.IDENTITY), (RESHAPE_OPS, Kind.RESHAPE), (SELECT_OPS, Kind.SELECT),
+        ({aten.transpose.int, aten.permute.default}, Kind.TRANSPOSE),
+        ({aten.mean.dim}, Kind.MEAN), (SHAPE_ONLY_OPS, Kind.SHAPE),
+    )  # fmt: skip
+    return next((kind for ops, kind in kinds if target in ops), Kind.OTHER)
+
+
+def _axes(node: fx.Node) -> tuple[int, ...]:
+    """SELECT / MEAN: the axes acted on; TRANSPOSE: the permutation (normalized)."""
+    data = node.args[0] if node.args else None
+    rank = len(shape(data) or ()) if isinstance(data, fx.Node) else 0
+    target = node.target
+    if not rank or target == operator.getitem:
+        return ()
+    if target == aten.transpose.int:
+        d0, d1 = normalize_dims(node.args[1:3], rank)
+        perm = list(range(rank))
+        perm[d0], perm[d1] = d1, d0
+        return tuple(perm)
+    if target == aten.permute.default:
+        return tuple(normalize_dims(node.args[1], rank))
+    if target in SELECT_OPS:
+        return tuple(normalize_dims(node.args[1] if len(node.args) > 1 else 0, rank))
+    if target == aten.mean.dim:
+        dims = node.args[1] if len(node.args) > 1 else None
+        return tuple(normalize_dims(dims, rank)) if dims else tuple(range(rank))
+    return ()
