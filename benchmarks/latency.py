@@ -214,6 +214,12 @@ def summarize(samples: list[float], batch: int) -> dict[str, float]:
     }
 
 
+def clock_of(threads: int) -> str:
+    """The probe's figure a setting is read from: 1 thread, the calling thread's CPU time (all
+    of the work, whatever else shares the cores); 2 threads, wall time."""
+    return "cpu_ms" if threads == 1 else "samples_ms"
+
+
 def interleaved(
     probes: dict[str, Probe],
     settings: list[tuple[int, int, float, int]],
@@ -268,12 +274,14 @@ def measure_pair(
         for label, norm, kind, key in CONFIGS:
             art = artifacts[names[norm]]
             probes[label] = Probe(kind, art["files"][key], art["inputs"])
-        b1 = interleaved(probes, [(t, 1, budget, 5) for t in thread_counts()], rounds)
+        b1_settings = [(t, 1, budget, 5) for t in thread_counts()]
+        b1 = interleaved(probes, b1_settings, rounds, clock=clock_of)
         rss_b1 = {n: p.ask(rss=True)["maxrss_mb"] for n, p in probes.items()}
-        b32 = interleaved(
-            probes, [(t, 32, b32_budget, 1) for t in thread_counts()], max(2, rounds - 2), 2
-        )
+        b32_settings = [(t, 32, b32_budget, 1) for t in thread_counts()]
+        b32 = interleaved(probes, b32_settings, max(2, rounds - 2), 2, clock=clock_of)
         rss_all = {n: p.ask(rss=True)["maxrss_mb"] for n, p in probes.items()}
+        # the ops XNNPACK's delegate took in each TFLite file, read from the probe's interpreter
+        xnnpack = {n: p.ask(xnnpack=True)["xnnpack"] for n, p in probes.items()}
     finally:
         for probe in probes.values():
             probe.close()
@@ -292,6 +300,7 @@ def measure_pair(
             "rss_imports_mb": round(probes[label].ready["base_rss_mb"], 1),
             "peak_rss_b1_mb": round(rss_b1[label], 1),
             "peak_rss_mb": round(rss_all[label], 1),
+            "xnnpack_ops": xnnpack[label],
         }
     return rows
 
@@ -361,6 +370,7 @@ def main() -> None:
             "python": platform.python_version(),
         },
         "quick": args.quick,
+        "clock": {"1": clock_of(1), "2": clock_of(2)},
         "rounds": rounds,
         "load_average_before": load_before,
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),

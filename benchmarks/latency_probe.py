@@ -10,6 +10,7 @@ stdout:
 
     {"threads": 1, "batch": 1, "budget_s": 0.5, "warmup": 3}  ->  {"samples_ms": [...], ...}
     {"rss": true}                                                ->  {"maxrss_mb": ...}
+    {"xnnpack": true}       ->  {"xnnpack": {op type: [ops, ops XNNPACK took]}} (LiteRT; else {})
 
 A run warms up, then times ``quant.latency.time_calls`` for as many calls as fit the
 budget (``min_runs``, default 5, to 400); every single call's time is returned, so the parent
@@ -110,6 +111,15 @@ def litert_runner(path: str, inputs: np.ndarray) -> Callable[[int, int], Callabl
 RUNNERS = {"torch": torch_runner, "ort": ort_runner, "litert": litert_runner}
 
 
+def delegated_ops(kind: str, path: str) -> dict[str, list[int]]:
+    """A TFLite file's {op type: [ops, ops XNNPACK's delegate took]}; nothing for the others."""
+    if kind != "litert":
+        return {}
+    from quant.litert import xnnpack_ops
+
+    return {op: list(counts) for op, counts in xnnpack_ops(path).items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=list(RUNNERS))
@@ -127,6 +137,9 @@ def main() -> None:
             break
         if command.get("rss"):
             print(json.dumps({"maxrss_mb": _maxrss_mb()}), flush=True)
+            continue
+        if command.get("xnnpack"):
+            print(json.dumps({"xnnpack": delegated_ops(kind, path)}), flush=True)
             continue
         key = (command["threads"], command["batch"])
         call = make(*key)  # sessions are cached; torch's thread count is set here, every time

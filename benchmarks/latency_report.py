@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from quant.summary import delegated_cell
+
 STAGE_GROUPS = (  # (substring of the pipeline's stage name, group), first match wins
     ("import", "import"),
     ("load", "load + fold"),
@@ -45,6 +47,18 @@ def fraction(result: dict[str, Any], row: dict[str, Any], label: str, key: str) 
         return None
     batch = int(key.split("_")[0][1:])
     return row["macs"] * batch / (timing["p50_ms"] * 1e6) / top
+
+
+def _clock_phrase(result: dict[str, Any]) -> str:
+    """Which of the probe's clocks the figures are: runs before the choice was recorded are
+    wall time throughout."""
+    if result.get("clock", {}).get("1") == "cpu_ms":
+        return (
+            "1-thread figures are the calling thread's CPU time (a 1-thread call's whole work; "
+            "on a shared machine wall time also counts other jobs' time slices), 2-thread "
+            "figures wall time. "
+        )
+    return "All figures are wall time. "
 
 
 def _cell(timing: dict[str, Any] | None, field: str, fmt: str = "{:.3f}") -> str:
@@ -106,7 +120,9 @@ def write_report(result: dict[str, Any], results: Path) -> None:
         f"process, all alive at once, round-robin over configurations for {result['rounds']} "
         "rounds (the order rotates each round), so machine drift hits all alike; compare within "
         "a table, not across runs. Latency: median (p50) and p90 of every timed call pooled over "
-        "the rounds. Batch 32: one call with 32 samples (torch, ORT, dynamic batch) or 32 invokes "
+        "the rounds. "
+        + _clock_phrase(result)
+        + "Batch 32: one call with 32 samples (torch, ORT, dynamic batch) or 32 invokes "
         "of the batch-1 TFLite file (LiteRT), 1 and 2 threads; throughput = samples/s at the "
         "median. "
         "Peak RSS: the probe's own maximum resident set (imports included; the imports-only "
@@ -115,7 +131,10 @@ def write_report(result: dict[str, Any], results: Path) -> None:
         "Gemm, Softmax and GELU fed in float: `ort_speed.md`), the same for LN and UN; int8 "
         "TFLite: "
         "`quant.tflite.convert_tflite` (onnx2tf + TF converter, full "
-        "int8, int8 I/O), run by LiteRT with XNNPACK; LiteRT fp32 is onnx2tf's fp32 file. "
+        "int8, int8 I/O, every int8 BATCH_MATMUL's right operand at zero point 0 so that "
+        "XNNPACK's delegate takes it: `quant.tflite_symmetric`), run by LiteRT with XNNPACK "
+        "(the ops its delegate took, read from the interpreter, in the table); LiteRT fp32 is "
+        "onnx2tf's fp32 file. "
         "ViT-Tiny has random weights (timing only). With other jobs on the 2 cores, every "
         "2-thread figure is contended (torch eager's OpenMP with 2 threads collapses: 1.7 s "
         "instead of ~28 ms for ViT-Tiny; measured alone it matches 1 thread); read the 1-thread "
@@ -132,8 +151,9 @@ def write_report(result: dict[str, Any], results: Path) -> None:
             f"## {pair} ({macs / 1e6:.1f} M MACs per sample)",
             "",
             "| configuration | p50 ms 1 thr | p90 ms 1 thr | p50 ms 2 thr | p90 ms 2 thr "
-            "| b32 samples/s 1 / 2 thr | peak RSS MB | file KiB | % of peak b1 / b32, 1 thr |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| b32 samples/s 1 / 2 thr | peak RSS MB | file KiB | % of peak b1 / b32, 1 thr "
+            "| XNNPACK took |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for label, row in rows.items():
             t = row["timing"]
@@ -148,6 +168,7 @@ def write_report(result: dict[str, Any], results: Path) -> None:
                 f"{row['peak_rss_b1_mb']:.0f}",
                 f"{row['size_kib']:.0f}",
                 " / ".join(f"{100 * f:.1f} %" if f else "-" for f in (f1, f32)),
+                delegated_cell(row.get("xnnpack_ops")),
             ]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines += [

@@ -40,7 +40,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from benchmarks.latency import SCRATCH, Probe, model_files
+from benchmarks.latency import SCRATCH, Probe, clock_of, model_files
 from benchmarks.latency import interleaved as probe_rounds
 from benchmarks.latency_ops import count_macs, peak_graphs
 from benchmarks.ort_speed_report import markdown, plot, summary
@@ -361,12 +361,6 @@ def run_model(name: str) -> dict[str, Any]:
         last = f"step{len(STEPS) - 1}"
         result["op_profile"] = {key: op_profile(files[key], data.timing) for key in ("step0", last)}
     return result
-
-
-def clock_of(threads: int) -> str:
-    """The probe's figure a setting is read from: 1 thread, the calling thread's CPU time (all
-    of the work, whatever else shares the cores); 2 threads, wall time."""
-    return "cpu_ms" if threads == 1 else "samples_ms"
 
 
 def threads_and_batch() -> dict[str, Any]:
