@@ -3,6 +3,10 @@
     .venv/bin/python -m benchmarks.latency            # everything, ~25 min on 2 cores
     .venv/bin/python -m benchmarks.latency --quick    # vit-mnist only, fewer rounds (a test)
     .venv/bin/python -m benchmarks.latency --report-only   # Markdown and plots from the JSON
+    .venv/bin/python -m benchmarks.latency --pairs vit-tiny --no-stages   # a part of it
+
+A run of only some pairs, or without the pipeline stages, or ``--quick``, writes its own files
+(``latency_vit-tiny_no-stages.json``...; ``results_name``), never over the whole run's.
 
 Models: ViT-Tiny (224x224 RGB, patch 16, dim 192, depth 12, heads 3, random weights: timing
 only) as an LN twin and a UN model, and the bundled examples vit-mnist-ln/-un, text-rt-ln/-un.
@@ -345,18 +349,28 @@ def pipeline_stages(name: str, work: Path, calib: np.ndarray) -> dict[str, Any]:
 # ---------------------------------------------------------------- main
 
 
+def results_name(pairs: list[str], stages: bool, quick: bool) -> str:
+    """``latency`` for the whole run; a part of it names what it left out or shortened."""
+    parts = [] if pairs == list(PAIRS) else list(pairs)
+    parts += ([] if stages else ["no-stages"]) + (["quick"] if quick else [])
+    return "_".join(["latency", *parts])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="vit-mnist only, fewer rounds")
+    parser.add_argument("--pairs", nargs="+", choices=list(PAIRS), help="only these models")
+    parser.add_argument("--no-stages", action="store_true", help="no pipeline stage timing")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--reuse", action="store_true", help="keep artifacts already built")
     args = parser.parse_args()
 
-    json_path = RESULTS / "latency.json"
+    pairs = args.pairs or (["vit-mnist"] if args.quick else list(PAIRS))
+    name = results_name(pairs, not args.no_stages, args.quick)
+    json_path = RESULTS / f"{name}.json"
     if args.report_only:
-        write_report(json.loads(json_path.read_text()), RESULTS)
+        write_report(json.loads(json_path.read_text()), RESULTS, name)
         return
-    pairs = ["vit-mnist"] if args.quick else list(PAIRS)
     rounds, budget, b32_budget = (2, 0.15, 0.3) if args.quick else (5, 0.5, 1.0)
     started, load_before = time.time(), load_average()
     host = describe_host()
@@ -370,6 +384,7 @@ def main() -> None:
             "python": platform.python_version(),
         },
         "quick": args.quick,
+        "arguments": sys.argv[1:],
         "clock": {"1": clock_of(1), "2": clock_of(2)},
         "rounds": rounds,
         "load_average_before": load_before,
@@ -400,7 +415,7 @@ def main() -> None:
     result["peaks"] = {"before": peaks_before, "after": measure_peaks(graphs, 2)}
     result["load_average_after_latency"] = load_average()
     result["stages"] = {}
-    for pair in pairs:
+    for pair in [] if args.no_stages else pairs:
         name = PAIRS[pair][1]
         print(f"[{time.time() - started:6.0f} s] pipeline stages {name}", flush=True)
         calib = model_files(name, SCRATCH)[1]
@@ -409,7 +424,7 @@ def main() -> None:
     result["total_s"] = round(time.time() - started, 1)
     RESULTS.mkdir(exist_ok=True)
     json_path.write_text(json.dumps(result, indent=1) + "\n")
-    write_report(result, RESULTS)
+    write_report(result, RESULTS, name)
     print(
         f"done in {result['total_s']:.0f} s; load average {load_before} -> "
         f"{result['load_average_after']}"

@@ -101,12 +101,15 @@ def _host_phrase(result: dict[str, Any]) -> str:
     return f"**{host.label()}** ({host.int8_kernels})"
 
 
-def write_report(result: dict[str, Any], results: Path) -> None:
+def write_report(result: dict[str, Any], results: Path, stem: str = "latency") -> None:
+    """``STEM.md`` and ``STEM_configs.png`` / ``STEM_stages.png`` in ``results``."""
     lines = [
         "# Latency, memory and conversion time: UN vs LayerNorm, and against this machine's limit",
         "",
-        "Made by `.venv/bin/python -m benchmarks.latency`"
-        + (" `--quick` (vit-mnist only, 2 rounds)" if result.get("quick") else "")
+        "Made by `"
+        + " ".join([".venv/bin/python -m benchmarks.latency", *result.get("arguments", [])])
+        + "`"
+        + (" (`--quick`: 2 rounds, shorter budgets)" if result.get("quick") else "")
         + f", started {result['started_utc']} UTC, {result['total_s']:.0f} s in all. Machine: "
         + _host_phrase(result)
         + ", torch "
@@ -215,8 +218,8 @@ def write_report(result: dict[str, Any], results: Path) -> None:
     lines += target_lines(result)
     if result.get("notes"):
         lines += ["", "## Notes", "", *(f"- {note}" for note in result["notes"])]
-    (results / "latency.md").write_text("\n".join(lines) + "\n")
-    plot(result, results)
+    (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    plot(result, results, stem)
 
 
 def grouped(stages: list[dict[str, Any]]) -> dict[str, float]:
@@ -354,7 +357,7 @@ def target_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def plot(result: dict[str, Any], results: Path) -> None:
+def plot(result: dict[str, Any], results: Path, stem: str = "latency") -> None:
     pairs = list(result["latency"])
     figure, axes = plt.subplots(1, len(pairs), figsize=(5 * len(pairs), 4.5), squeeze=False)
     for axis, pair in zip(axes[0], pairs, strict=True):
@@ -375,7 +378,7 @@ def plot(result: dict[str, Any], results: Path) -> None:
         axis.set_title(pair)
         axis.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(results / "latency_configs.png", dpi=110)
+    figure.savefig(results / f"{stem}_configs.png", dpi=110)
     plt.close(figure)
     stages = {n: s for n, s in result.get("stages", {}).items() if "stages" in s}
     if not stages:
@@ -390,5 +393,5 @@ def plot(result: dict[str, Any], results: Path) -> None:
     axis.set_xlabel("seconds (quant.pipeline.convert, all targets)")
     axis.legend(fontsize=7, ncol=3, loc="lower right")
     figure.tight_layout()
-    figure.savefig(results / "latency_stages.png", dpi=110)
+    figure.savefig(results / f"{stem}_stages.png", dpi=110)
     plt.close(figure)
