@@ -40,6 +40,10 @@ def peak(result: dict[str, Any], dtype: str, key: str) -> float | None:
 
 
 def fraction(result: dict[str, Any], row: dict[str, Any], label: str, key: str) -> float | None:
+    """The model's share of the peak, where both were read from the same clock (a run that
+    timed the models in CPU time and the peaks in wall time has none)."""
+    if result.get("clock") != result.get("peak_clock"):
+        return None
     timing = row["timing"].get(key)
     threads = key.split("_t")[1]
     top = peak(result, "int8" if "int8" in label else "fp32", f"b1_t{threads}")
@@ -207,6 +211,15 @@ def write_report(result: dict[str, Any], results: Path, stem: str = "latency") -
         "## This machine's matrix-multiply peak (ONNX Runtime, 1024 x 1024 x 1024, "
         "constant weights)",
         "",
+        *(
+            []
+            if result.get("clock") == result.get("peak_clock")
+            else [
+                "Wall time, unlike the models' 1-thread figures (CPU time): no share of the "
+                "peak is computed from it.",
+                "",
+            ]
+        ),
         "| graph | when | GMAC/s 1 thr | GMAC/s 2 thr |",
         "|---|---|---|---|",
     ]
@@ -232,6 +245,8 @@ def grouped(stages: list[dict[str, Any]]) -> dict[str, float]:
 
 def stage_lines(result: dict[str, Any]) -> list[str]:
     stages = {n: s for n, s in result.get("stages", {}).items() if "stages" in s}
+    if not result.get("stages"):  # a run without them (--no-stages)
+        return []
     lines = [
         "",
         "## Conversion: `quant.pipeline.convert`, every target, one fresh process each",
