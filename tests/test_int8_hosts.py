@@ -108,32 +108,27 @@ def test_on_a_cpu_without_vnni_the_cpu_file_computes_its_exact_arithmetic(cpu_fi
     assert (portable.argmax(-1) == exact.argmax(-1)).mean() >= 0.99
 
 
-def test_the_cpu_ladders_u8u8_file_computes_its_exact_arithmetic_without_vnni(
-    cpu_files: dict,
+@pytest.mark.parametrize(
+    "variant",
+    [
+        # the cpu ladder's last pure int8 recipe keeps 8-bit weights: host-safe only because
+        # ORT's U8U8 kernels never add products in int16
+        "u8u8",
+        # K and V in 7-bit s8 (clipped) reach ORT's u8 x s8 kernels, which add pairs of
+        # products in int16 on an AVX2 core: like 7-bit weights they cannot saturate there
+        "signed",
+    ],
+)
+def test_the_files_that_rely_on_their_kernels_compute_their_exact_arithmetic_without_vnni(
+    cpu_files: dict, variant: str
 ) -> None:
-    """The cpu ladder's last pure int8 recipe keeps 8-bit weights: host-safe only because ORT's
-    U8U8 kernels never add products in int16. Checked where it matters, on an AVX2 core."""
+    """Checked where it matters, on an AVX2 core (QEMU's Haswell model)."""
     if not qemu_available():
         missing("qemu-x86_64 (Debian qemu-user) is not installed")
     files = cpu_files["vit-mnist-ln-to-un"]
     inputs = files["test"].inputs[:EMULATED_SAMPLES]
-    emulated = run_onnx_emulated(files["u8u8"], inputs)
-    exact = exact_outputs(files["u8u8"], inputs)
-    assert min_cosine(emulated, exact) > 0.995
-    assert (emulated.argmax(-1) == exact.argmax(-1)).mean() >= 0.99
-
-
-def test_s8_attention_operands_compute_their_exact_arithmetic_without_vnni(
-    cpu_files: dict,
-) -> None:
-    """K and V in 7-bit s8 (clipped) reach ORT's u8 x s8 kernels, which add pairs of products
-    in int16 on an AVX2 core: like 7-bit weights they cannot saturate there."""
-    if not qemu_available():
-        missing("qemu-x86_64 (Debian qemu-user) is not installed")
-    files = cpu_files["vit-mnist-ln-to-un"]
-    inputs = files["test"].inputs[:EMULATED_SAMPLES]
-    emulated = run_onnx_emulated(files["signed"], inputs)
-    exact = exact_outputs(files["signed"], inputs)
+    emulated = run_onnx_emulated(files[variant], inputs)
+    exact = exact_outputs(files[variant], inputs)
     assert min_cosine(emulated, exact) > 0.995
     assert (emulated.argmax(-1) == exact.argmax(-1)).mean() >= 0.99
 
