@@ -3,6 +3,10 @@
     .venv/bin/python -m benchmarks.latency            # everything, ~25 min on 2 cores
     .venv/bin/python -m benchmarks.latency --quick    # vit-mnist only, fewer rounds (a test)
     .venv/bin/python -m benchmarks.latency --report-only   # Markdown and plots from the JSON
+    .venv/bin/python -m benchmarks.latency --pairs vit-tiny --no-stages   # a part of it
+
+A run of only some pairs, or without the pipeline stages, or ``--quick``, writes its own files
+(``latency_vit-tiny_no-stages.json``...; ``results_name``), never over the whole run's.
 
 Models: ViT-Tiny (224x224 RGB, patch 16, dim 192, depth 12, heads 3, random weights: timing
 only) as an LN twin and a UN model, and the bundled examples vit-mnist-ln/-un, text-rt-ln/-un.
@@ -31,6 +35,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -213,13 +218,22 @@ def summarize(samples: list[float], batch: int) -> dict[str, float]:
     }
 
 
+def clock_of(threads: int) -> str:
+    """The probe's figure a setting is read from: 1 thread, the calling thread's CPU time (all
+    of the work, whatever else shares the cores); 2 threads, wall time."""
+    return "cpu_ms" if threads == 1 else "samples_ms"
+
+
 def interleaved(
     probes: dict[str, Probe],
     settings: list[tuple[int, int, float, int]],
     rounds: int,
     min_runs: int = 5,
+    clock: Callable[[int], str] = lambda threads: "samples_ms",
 ) -> dict[str, dict[str, list[float]]]:
-    """Round-robin: in each round every setting, in it every probe (the order rotates)."""
+    """Round-robin: in each round every setting, in it every probe (the order rotates).
+    ``clock``: which of the probe's figures to pool for a thread count (wall time, or
+    ``cpu_ms``)."""
     pooled: dict[str, dict[str, list[float]]] = {name: {} for name in probes}
     names = list(probes)
     for r in range(rounds):
@@ -230,7 +244,7 @@ def interleaved(
                 reply = probes[name].ask(
                     threads=threads, batch=batch, budget_s=budget, warmup=first, min_runs=min_runs
                 )
-                pooled[name].setdefault(key, []).extend(reply["samples_ms"])
+                pooled[name].setdefault(key, []).extend(reply[clock(threads)])
     return pooled
 
 
@@ -238,7 +252,7 @@ def measure_peaks(graphs: dict[str, tuple[Path, Path, str]], rounds: int) -> dic
     probes = {name: Probe("ort", str(p), str(i)) for name, (p, i, _) in graphs.items()}
     try:
         settings = [(t, 1, 0.4, 2) for t in thread_counts()]
-        pooled = interleaved(probes, settings, rounds)
+        pooled = interleaved(probes, settings, rounds, clock=clock_of)  # the models' clocks
     finally:
         for probe in probes.values():
             probe.close()
@@ -264,12 +278,14 @@ def measure_pair(
         for label, norm, kind, key in CONFIGS:
             art = artifacts[names[norm]]
             probes[label] = Probe(kind, art["files"][key], art["inputs"])
-        b1 = interleaved(probes, [(t, 1, budget, 5) for t in thread_counts()], rounds)
+        b1_settings = [(t, 1, budget, 5) for t in thread_counts()]
+        b1 = interleaved(probes, b1_settings, rounds, clock=clock_of)
         rss_b1 = {n: p.ask(rss=True)["maxrss_mb"] for n, p in probes.items()}
-        b32 = interleaved(
-            probes, [(t, 32, b32_budget, 1) for t in thread_counts()], max(2, rounds - 2), 2
-        )
+        b32_settings = [(t, 32, b32_budget, 1) for t in thread_counts()]
+        b32 = interleaved(probes, b32_settings, max(2, rounds - 2), 2, clock=clock_of)
         rss_all = {n: p.ask(rss=True)["maxrss_mb"] for n, p in probes.items()}
+        # the ops XNNPACK's delegate took in each TFLite file, read from the probe's interpreter
+        xnnpack = {n: p.ask(xnnpack=True)["xnnpack"] for n, p in probes.items()}
     finally:
         for probe in probes.values():
             probe.close()
@@ -288,6 +304,7 @@ def measure_pair(
             "rss_imports_mb": round(probes[label].ready["base_rss_mb"], 1),
             "peak_rss_b1_mb": round(rss_b1[label], 1),
             "peak_rss_mb": round(rss_all[label], 1),
+            "xnnpack_ops": xnnpack[label],
         }
     return rows
 
@@ -332,18 +349,28 @@ def pipeline_stages(name: str, work: Path, calib: np.ndarray) -> dict[str, Any]:
 # ---------------------------------------------------------------- main
 
 
+def results_name(pairs: list[str], stages: bool, quick: bool) -> str:
+    """``latency`` for the whole run; a part of it names what it left out or shortened."""
+    parts = [] if pairs == list(PAIRS) else list(pairs)
+    parts += ([] if stages else ["no-stages"]) + (["quick"] if quick else [])
+    return "_".join(["latency", *parts])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="vit-mnist only, fewer rounds")
+    parser.add_argument("--pairs", nargs="+", choices=list(PAIRS), help="only these models")
+    parser.add_argument("--no-stages", action="store_true", help="no pipeline stage timing")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--reuse", action="store_true", help="keep artifacts already built")
     args = parser.parse_args()
 
-    json_path = RESULTS / "latency.json"
+    pairs = args.pairs or (["vit-mnist"] if args.quick else list(PAIRS))
+    stem = results_name(pairs, not args.no_stages, args.quick)
+    json_path = RESULTS / f"{stem}.json"
     if args.report_only:
-        write_report(json.loads(json_path.read_text()), RESULTS)
+        write_report(json.loads(json_path.read_text()), RESULTS, stem)
         return
-    pairs = ["vit-mnist"] if args.quick else list(PAIRS)
     rounds, budget, b32_budget = (2, 0.15, 0.3) if args.quick else (5, 0.5, 1.0)
     started, load_before = time.time(), load_average()
     host = describe_host()
@@ -357,6 +384,8 @@ def main() -> None:
             "python": platform.python_version(),
         },
         "quick": args.quick,
+        "arguments": sys.argv[1:],
+        "clock": {"1": clock_of(1), "2": clock_of(2)},
         "rounds": rounds,
         "load_average_before": load_before,
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
@@ -384,9 +413,10 @@ def main() -> None:
         result["latency"][pair] = measure_pair(pair, artifacts, rounds, budget, b32_budget)
     print(f"[{time.time() - started:6.0f} s] peaks", flush=True)
     result["peaks"] = {"before": peaks_before, "after": measure_peaks(graphs, 2)}
+    result["peak_clock"] = result["clock"]
     result["load_average_after_latency"] = load_average()
     result["stages"] = {}
-    for pair in pairs:
+    for pair in [] if args.no_stages else pairs:
         name = PAIRS[pair][1]
         print(f"[{time.time() - started:6.0f} s] pipeline stages {name}", flush=True)
         calib = model_files(name, SCRATCH)[1]
@@ -395,7 +425,7 @@ def main() -> None:
     result["total_s"] = round(time.time() - started, 1)
     RESULTS.mkdir(exist_ok=True)
     json_path.write_text(json.dumps(result, indent=1) + "\n")
-    write_report(result, RESULTS)
+    write_report(result, RESULTS, stem)
     print(
         f"done in {result['total_s']:.0f} s; load average {load_before} -> "
         f"{result['load_average_after']}"

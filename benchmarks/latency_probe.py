@@ -10,12 +10,14 @@ stdout:
 
     {"threads": 1, "batch": 1, "budget_s": 0.5, "warmup": 3}  ->  {"samples_ms": [...], ...}
     {"rss": true}                                                ->  {"maxrss_mb": ...}
+    {"xnnpack": true}       ->  {"xnnpack": {op type: [ops, ops XNNPACK took]}} (LiteRT; else {})
 
 A run warms up, then times ``quant.latency.time_calls`` for as many calls as fit the
 budget (``min_runs``, default 5, to 400); every single call's time is returned, so the parent
-pools them over rounds.
-A batch of 32 is one call with 32 samples (torch, ORT: dynamic batch) or 32 invokes of the
-static batch-1 TFLite file (LiteRT).
+pools them over rounds: wall time (``samples_ms``) and the calling thread's CPU time
+(``cpu_ms``: all of a 1-thread call's work, whatever else shares the cores).
+A batch of N (at most the samples given) is one call with N samples (torch, ORT: dynamic
+batch) or N invokes of the static batch-1 TFLite file (LiteRT).
 """
 
 from __future__ import annotations
@@ -52,14 +54,14 @@ def torch_runner(path: str, inputs: np.ndarray) -> Callable[[int, int], Callable
     torch.set_num_interop_threads(1)
     model, _ = edge_un.load_checkpoint(path)
     model.eval()
-    feeds = {b: torch.from_numpy(np.ascontiguousarray(inputs[:b])) for b in (1, 32)}
 
     def make(threads: int, batch: int) -> Callable[[], object]:
         torch.set_num_threads(threads)
+        feed = torch.from_numpy(np.ascontiguousarray(inputs[:batch]))
 
         def call() -> object:
             with torch.inference_mode():
-                return model(feeds[batch])
+                return model(feed)
 
         return call
 
@@ -109,6 +111,15 @@ def litert_runner(path: str, inputs: np.ndarray) -> Callable[[int, int], Callabl
 RUNNERS = {"torch": torch_runner, "ort": ort_runner, "litert": litert_runner}
 
 
+def delegated_ops(kind: str, path: str) -> dict[str, list[int]]:
+    """A TFLite file's {op type: [ops, ops XNNPACK's delegate took]}; nothing for the others."""
+    if kind != "litert":
+        return {}
+    from quant.litert import xnnpack_ops
+
+    return {op: list(counts) for op, counts in xnnpack_ops(path).items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=list(RUNNERS))
@@ -127,6 +138,9 @@ def main() -> None:
         if command.get("rss"):
             print(json.dumps({"maxrss_mb": _maxrss_mb()}), flush=True)
             continue
+        if command.get("xnnpack"):
+            print(json.dumps({"xnnpack": delegated_ops(kind, path)}), flush=True)
+            continue
         key = (command["threads"], command["batch"])
         call = make(*key)  # sessions are cached; torch's thread count is set here, every time
         start = time.perf_counter()
@@ -136,14 +150,21 @@ def main() -> None:
         least = command.get("min_runs", MIN_RUNS)
         runs = int(np.clip(command["budget_s"] / max(per_call, 1e-6), least, MAX_RUNS))
         samples: list[float] = []
+        cpu: list[float] = []  # this thread's CPU time: all of a 1-thread call's work
 
-        def timed(call: Callable[[], object] = call, samples: list[float] = samples) -> None:
-            t0 = time.perf_counter()
+        def timed(
+            call: Callable[[], object] = call,
+            samples: list[float] = samples,
+            cpu: list[float] = cpu,
+        ) -> None:
+            t0, c0 = time.perf_counter(), time.thread_time()
             call()
             samples.append((time.perf_counter() - t0) * 1e3)
+            cpu.append((time.thread_time() - c0) * 1e3)
 
         time_calls(timed, key[0], runs=runs, warmup=0)
-        print(json.dumps({"samples_ms": samples, "maxrss_mb": _maxrss_mb()}), flush=True)
+        reply = {"samples_ms": samples, "cpu_ms": cpu, "maxrss_mb": _maxrss_mb()}
+        print(json.dumps(reply), flush=True)
 
 
 if __name__ == "__main__":

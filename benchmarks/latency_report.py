@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from quant.summary import delegated_cell
+
 STAGE_GROUPS = (  # (substring of the pipeline's stage name, group), first match wins
     ("import", "import"),
     ("load", "load + fold"),
@@ -38,6 +40,10 @@ def peak(result: dict[str, Any], dtype: str, key: str) -> float | None:
 
 
 def fraction(result: dict[str, Any], row: dict[str, Any], label: str, key: str) -> float | None:
+    """The model's share of the peak, where both were read from the same clock (a run that
+    timed the models in CPU time and the peaks in wall time has none)."""
+    if result.get("clock") != result.get("peak_clock"):
+        return None
     timing = row["timing"].get(key)
     threads = key.split("_t")[1]
     top = peak(result, "int8" if "int8" in label else "fp32", f"b1_t{threads}")
@@ -45,6 +51,18 @@ def fraction(result: dict[str, Any], row: dict[str, Any], label: str, key: str) 
         return None
     batch = int(key.split("_")[0][1:])
     return row["macs"] * batch / (timing["p50_ms"] * 1e6) / top
+
+
+def _clock_phrase(result: dict[str, Any]) -> str:
+    """Which of the probe's clocks the figures are: runs before the choice was recorded are
+    wall time throughout."""
+    if result.get("clock", {}).get("1") == "cpu_ms":
+        return (
+            "1-thread figures are the calling thread's CPU time (a 1-thread call's whole work; "
+            "on a shared machine wall time also counts other jobs' time slices), 2-thread "
+            "figures wall time. "
+        )
+    return "All figures are wall time. "
 
 
 def _cell(timing: dict[str, Any] | None, field: str, fmt: str = "{:.3f}") -> str:
@@ -87,12 +105,15 @@ def _host_phrase(result: dict[str, Any]) -> str:
     return f"**{host.label()}** ({host.int8_kernels})"
 
 
-def write_report(result: dict[str, Any], results: Path) -> None:
+def write_report(result: dict[str, Any], results: Path, stem: str = "latency") -> None:
+    """``STEM.md`` and ``STEM_configs.png`` / ``STEM_stages.png`` in ``results``."""
     lines = [
         "# Latency, memory and conversion time: UN vs LayerNorm, and against this machine's limit",
         "",
-        "Made by `.venv/bin/python -m benchmarks.latency`"
-        + (" `--quick` (vit-mnist only, 2 rounds)" if result.get("quick") else "")
+        "Made by `"
+        + " ".join([".venv/bin/python -m benchmarks.latency", *result.get("arguments", [])])
+        + "`"
+        + (" (`--quick`: 2 rounds, shorter budgets)" if result.get("quick") else "")
         + f", started {result['started_utc']} UTC, {result['total_s']:.0f} s in all. Machine: "
         + _host_phrase(result)
         + ", torch "
@@ -106,7 +127,9 @@ def write_report(result: dict[str, Any], results: Path) -> None:
         f"process, all alive at once, round-robin over configurations for {result['rounds']} "
         "rounds (the order rotates each round), so machine drift hits all alike; compare within "
         "a table, not across runs. Latency: median (p50) and p90 of every timed call pooled over "
-        "the rounds. Batch 32: one call with 32 samples (torch, ORT, dynamic batch) or 32 invokes "
+        "the rounds. "
+        + _clock_phrase(result)
+        + "Batch 32: one call with 32 samples (torch, ORT, dynamic batch) or 32 invokes "
         "of the batch-1 TFLite file (LiteRT), 1 and 2 threads; throughput = samples/s at the "
         "median. "
         "Peak RSS: the probe's own maximum resident set (imports included; the imports-only "
@@ -115,7 +138,10 @@ def write_report(result: dict[str, Any], results: Path) -> None:
         "Gemm, Softmax and GELU fed in float: `ort_speed.md`), the same for LN and UN; int8 "
         "TFLite: "
         "`quant.tflite.convert_tflite` (onnx2tf + TF converter, full "
-        "int8, int8 I/O), run by LiteRT with XNNPACK; LiteRT fp32 is onnx2tf's fp32 file. "
+        "int8, int8 I/O, every int8 BATCH_MATMUL's right operand at zero point 0 so that "
+        "XNNPACK's delegate takes it: `quant.tflite_symmetric`), run by LiteRT with XNNPACK "
+        "(the ops its delegate took, read from the interpreter, in the table); LiteRT fp32 is "
+        "onnx2tf's fp32 file. "
         "ViT-Tiny has random weights (timing only). With other jobs on the 2 cores, every "
         "2-thread figure is contended (torch eager's OpenMP with 2 threads collapses: 1.7 s "
         "instead of ~28 ms for ViT-Tiny; measured alone it matches 1 thread); read the 1-thread "
@@ -132,8 +158,9 @@ def write_report(result: dict[str, Any], results: Path) -> None:
             f"## {pair} ({macs / 1e6:.1f} M MACs per sample)",
             "",
             "| configuration | p50 ms 1 thr | p90 ms 1 thr | p50 ms 2 thr | p90 ms 2 thr "
-            "| b32 samples/s 1 / 2 thr | peak RSS MB | file KiB | % of peak b1 / b32, 1 thr |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| b32 samples/s 1 / 2 thr | peak RSS MB | file KiB | % of peak b1 / b32, 1 thr "
+            "| XNNPACK took |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for label, row in rows.items():
             t = row["timing"]
@@ -148,6 +175,7 @@ def write_report(result: dict[str, Any], results: Path) -> None:
                 f"{row['peak_rss_b1_mb']:.0f}",
                 f"{row['size_kib']:.0f}",
                 " / ".join(f"{100 * f:.1f} %" if f else "-" for f in (f1, f32)),
+                delegated_cell(row.get("xnnpack_ops")),
             ]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines += [
@@ -183,6 +211,15 @@ def write_report(result: dict[str, Any], results: Path) -> None:
         "## This machine's matrix-multiply peak (ONNX Runtime, 1024 x 1024 x 1024, "
         "constant weights)",
         "",
+        *(
+            []
+            if result.get("clock") == result.get("peak_clock")
+            else [
+                "Wall time, unlike the models' 1-thread figures (CPU time): no share of the "
+                "peak is computed from it.",
+                "",
+            ]
+        ),
         "| graph | when | GMAC/s 1 thr | GMAC/s 2 thr |",
         "|---|---|---|---|",
     ]
@@ -194,8 +231,8 @@ def write_report(result: dict[str, Any], results: Path) -> None:
     lines += target_lines(result)
     if result.get("notes"):
         lines += ["", "## Notes", "", *(f"- {note}" for note in result["notes"])]
-    (results / "latency.md").write_text("\n".join(lines) + "\n")
-    plot(result, results)
+    (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    plot(result, results, stem)
 
 
 def grouped(stages: list[dict[str, Any]]) -> dict[str, float]:
@@ -208,6 +245,8 @@ def grouped(stages: list[dict[str, Any]]) -> dict[str, float]:
 
 def stage_lines(result: dict[str, Any]) -> list[str]:
     stages = {n: s for n, s in result.get("stages", {}).items() if "stages" in s}
+    if not result.get("stages"):  # a run without them (--no-stages)
+        return []
     lines = [
         "",
         "## Conversion: `quant.pipeline.convert`, every target, one fresh process each",
@@ -333,7 +372,7 @@ def target_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def plot(result: dict[str, Any], results: Path) -> None:
+def plot(result: dict[str, Any], results: Path, stem: str = "latency") -> None:
     pairs = list(result["latency"])
     figure, axes = plt.subplots(1, len(pairs), figsize=(5 * len(pairs), 4.5), squeeze=False)
     for axis, pair in zip(axes[0], pairs, strict=True):
@@ -354,7 +393,7 @@ def plot(result: dict[str, Any], results: Path) -> None:
         axis.set_title(pair)
         axis.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(results / "latency_configs.png", dpi=110)
+    figure.savefig(results / f"{stem}_configs.png", dpi=110)
     plt.close(figure)
     stages = {n: s for n, s in result.get("stages", {}).items() if "stages" in s}
     if not stages:
@@ -369,5 +408,5 @@ def plot(result: dict[str, Any], results: Path) -> None:
     axis.set_xlabel("seconds (quant.pipeline.convert, all targets)")
     axis.legend(fontsize=7, ncol=3, loc="lower right")
     figure.tight_layout()
-    figure.savefig(results / "latency_stages.png", dpi=110)
+    figure.savefig(results / f"{stem}_stages.png", dpi=110)
     plt.close(figure)

@@ -54,8 +54,10 @@ class InputSpec:
     def fits(self, shape: tuple[int, ...]) -> bool:
         """A batch of this input's shape (open dimensions take any size)."""
         sample = shape[1:]
-        return len(shape) >= 1 and len(sample) == len(self.shape) and all(
-            want < 0 or want == got for want, got in zip(self.shape, sample, strict=True)
+        return (
+            len(shape) >= 1
+            and len(sample) == len(self.shape)
+            and all(want < 0 or want == got for want, got in zip(self.shape, sample, strict=True))
         )
 
 

@@ -13,11 +13,16 @@ dominate the straight QDQ file besides the matrix products themselves:
   scale) skips a requantize-dequantize round trip: ``float_inputs``, on the QDQ graph.
 
 Both keep every matrix product integer; only the inputs of those float ops stay float.
+
+* ``q * head_dim**-0.5`` before Q.K^T is an integer Mul (QLinearMul, its own pass and its own
+  rounding). A constant positive factor on an activation between its DequantizeLinear and the
+  next QuantizeLinear/DequantizeLinear pair is that factor in the scale of one
+  DequantizeLinear: ``fold_constant_factors`` (exact, one rounding fewer).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import numpy as np
 import onnx
@@ -35,9 +40,9 @@ def linear_as_gemm(model: onnx.ModelProto) -> int:
     Needs the output shape with at most one unknown dimension (a dynamic batch), so the shape
     comes back with one -1. The Add's output name is kept: nothing downstream changes.
     """
-    shapes = _shapes(model)
+    shapes = tensor_shapes(model)
     constants = {init.name: init for init in model.graph.initializer}
-    consumers = _consumers(model.graph.node)
+    consumers = consumers_of(model.graph.node)
     nodes, dropped, count = [], set(), 0
     for node in model.graph.node:
         if id(node) in dropped:
@@ -63,7 +68,7 @@ def linear_as_gemm(model: onnx.ModelProto) -> int:
         ]
         dropped.add(id(add))
         count += 1
-    _replace_nodes(model, nodes)
+    replace_nodes(model, nodes)
     return count
 
 
@@ -91,10 +96,12 @@ def _linear(
     return add, bias, out_shape
 
 
-def float_inputs(model: onnx.ModelProto, op_types: Iterable[str]) -> int:
-    """In a QDQ model, feed each ``op_types`` node straight from the MatMul/Gemm that computes
-    its input, in float: drop the QuantizeLinear/DequantizeLinear pairs between them (through
-    shape-only ops). In place; returns how many nodes were rewired.
+def float_inputs(
+    model: onnx.ModelProto, op_types: Iterable[str], names: Collection[str] | None = None
+) -> int:
+    """In a QDQ model, feed each ``op_types`` node (of those ``names``, if given) straight from
+    the MatMul/Gemm that computes its input, in float: drop the QuantizeLinear/DequantizeLinear
+    pairs between them (through shape-only ops). In place; returns how many nodes were rewired.
 
     ORT then fuses the producer with its dequantized inputs into a kernel with a float output
     (MatMulIntegerToFloat, QGemm), instead of requantizing a tensor only to dequantize it again.
@@ -102,11 +109,11 @@ def float_inputs(model: onnx.ModelProto, op_types: Iterable[str]) -> int:
     """
     wanted = frozenset(op_types)
     producers = {out: node for node in model.graph.node for out in node.output}
-    consumers = _consumers(model.graph.node)
+    consumers = consumers_of(model.graph.node)
     dropped: set[int] = set()
     count = 0
     for node in model.graph.node:
-        if node.op_type not in wanted:
+        if node.op_type not in wanted or (names is not None and node.name not in names):
             continue
         pairs = _qdq_chain(node, producers, consumers)
         if not pairs:
@@ -115,8 +122,8 @@ def float_inputs(model: onnx.ModelProto, op_types: Iterable[str]) -> int:
             reader.input[0] = quantize.input[0]
             dropped |= {id(quantize), id(dequantize)}
         count += 1
-    _replace_nodes(model, [n for n in model.graph.node if id(n) not in dropped])
-    _drop_unused_initializers(model)  # the dropped pairs' scales and zero points
+    replace_nodes(model, [n for n in model.graph.node if id(n) not in dropped])
+    drop_unused_initializers(model)  # the dropped pairs' scales and zero points
     return count
 
 
@@ -146,7 +153,7 @@ def _qdq_chain(
         reader = source
 
 
-def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+def tensor_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     """Tensor name -> dims (-1 where unknown), from ONNX shape inference."""
     inferred = shape_inference.infer_shapes(model)
     graph = inferred.graph
@@ -159,7 +166,7 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     }
 
 
-def _consumers(nodes: Iterable[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:
+def consumers_of(nodes: Iterable[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in nodes:
         for name in node.input:
@@ -167,15 +174,132 @@ def _consumers(nodes: Iterable[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto
     return readers
 
 
-def _replace_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> None:
+def replace_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> None:
     kept = list(nodes)  # may alias model.graph.node's elements: copy before clearing
     del model.graph.node[:]
     model.graph.node.extend(kept)
 
 
-def _drop_unused_initializers(model: onnx.ModelProto) -> None:
+def drop_unused_initializers(model: onnx.ModelProto) -> None:
     read = {name for node in model.graph.node for name in node.input}
     read |= {value.name for value in model.graph.output}
     kept = [init for init in model.graph.initializer if init.name in read]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
+
+
+def fold_constant_factors(model: onnx.ModelProto) -> int:
+    """Each ``Mul(DequantizeLinear(x), c)`` -> QuantizeLinear -> DequantizeLinear, with ``c`` one
+    positive constant, becomes one DequantizeLinear of ``x`` with its scale times ``c``. In
+    place; returns how many. Only where nothing else reads the Mul's pair."""
+    constants = constant_values(model)
+    producers = {out: node for node in model.graph.node for out in node.output}
+    consumers = consumers_of(model.graph.node)
+    dropped: set[int] = set()
+    added: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []  # (new DequantizeLinear, before)
+    for mul in model.graph.node:
+        if mul.op_type != "Mul":
+            continue
+        fold = _foldable(mul, producers, consumers, constants)
+        if fold is None:
+            continue
+        source, factor, quantize, dequantize = fold
+        scale_name = f"{dequantize.output[0]}_scale_folded"
+        scale = constants[source.input[1]] * factor
+        model.graph.initializer.append(
+            numpy_helper.from_array(scale.astype(np.float32), scale_name)
+        )
+        inputs = [source.input[0], scale_name, *source.input[2:]]
+        node = helper.make_node(
+            "DequantizeLinear", inputs, [dequantize.output[0]], name=f"{mul.name}_folded"
+        )
+        node.attribute.extend(source.attribute)
+        added.append((node, dequantize))
+        dropped |= {id(mul), id(quantize), id(dequantize)}
+        if len(consumers[source.output[0]]) == 1:
+            dropped.add(id(source))
+    replacement = {id(before): node for node, before in added}  # in the place of the pair's DQ
+    nodes = [
+        replacement.get(id(n), n)
+        for n in model.graph.node
+        if id(n) not in dropped or id(n) in replacement
+    ]
+    replace_nodes(model, _without_unread_dequantize(model, nodes))
+    drop_unused_initializers(model)
+    return len(added)
+
+
+def shapes_of_quantized(model: onnx.ModelProto) -> int:
+    """Each Shape that reads a DequantizeLinear's output reads its quantized input instead (the
+    same shape), and a DequantizeLinear left with no reader goes. In place; returns how many.
+    The exported ViT takes the batch size for its class token from the input image: ORT
+    dequantized the whole batch of images (one thread, 3 ms at batch 8) only for its shape."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    count = 0
+    for node in model.graph.node:
+        source = producers.get(node.input[0]) if node.op_type == "Shape" else None
+        if source is not None and source.op_type == "DequantizeLinear":
+            node.input[0] = source.input[0]
+            count += 1
+    replace_nodes(model, _without_unread_dequantize(model, list(model.graph.node)))
+    drop_unused_initializers(model)
+    return count
+
+
+def _foldable(
+    mul: onnx.NodeProto,
+    producers: dict[str, onnx.NodeProto],
+    consumers: dict[str, list[onnx.NodeProto]],
+    constants: dict[str, np.ndarray],
+) -> tuple[onnx.NodeProto, float, onnx.NodeProto, onnx.NodeProto] | None:
+    """(the activation's DequantizeLinear, the factor, the Mul's Q and DQ) or None."""
+    for data, other in ((0, 1), (1, 0)):
+        source = producers.get(mul.input[data])
+        factor = _constant_factor(mul.input[other], producers, constants)
+        if source is None or source.op_type != "DequantizeLinear" or factor is None:
+            continue
+        if source.input[0] in constants or source.input[1] not in constants:
+            continue  # a weight, or a scale computed at run time
+        readers = consumers.get(mul.output[0], [])
+        if len(readers) != 1 or readers[0].op_type != "QuantizeLinear":
+            return None
+        quantize = readers[0]
+        after = consumers.get(quantize.output[0], [])
+        if len(after) != 1 or after[0].op_type != "DequantizeLinear":
+            return None
+        return source, factor, quantize, after[0]
+    return None
+
+
+def _constant_factor(
+    name: str, producers: dict[str, onnx.NodeProto], constants: dict[str, np.ndarray]
+) -> float | None:
+    """The one positive value of a constant, or of a DequantizeLinear of constants."""
+    if name in constants:
+        value = constants[name].astype(np.float64)
+    else:
+        node = producers.get(name)
+        if node is None or node.op_type != "DequantizeLinear":
+            return None
+        if not all(i in constants for i in node.input if i):
+            return None
+        data = constants[node.input[0]].astype(np.float64)
+        zero = constants[node.input[2]].astype(np.float64) if len(node.input) > 2 else 0.0
+        value = (data - zero) * constants[node.input[1]].astype(np.float64)
+    if value.size != 1 or not value.reshape(()) > 0:
+        return None
+    return float(value.reshape(()))
+
+
+def _without_unread_dequantize(
+    model: onnx.ModelProto, nodes: list[onnx.NodeProto]
+) -> list[onnx.NodeProto]:
+    """``nodes`` less the DequantizeLinear nodes whose output nothing reads any more (the
+    folded factors')."""
+    read = {name for node in nodes for name in node.input}
+    read |= {value.name for value in model.graph.output}
+    return [n for n in nodes if n.op_type != "DequantizeLinear" or n.output[0] in read]
+
+
+def constant_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}

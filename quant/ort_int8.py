@@ -3,8 +3,9 @@
 Nothing here calibrates by hand: ``quant_pre_process`` then ``quantize_static`` do the work; a
 profile only chooses the options, and ``int16_tensors`` moves named activations to 16 bits
 through ORT's ``TensorQuantOverrides`` (the drift fallback). Around it, a profile may ask for
-ONNX Runtime's speed rewrites (``quant.ort_graph``: Linears as Gemm before, float inputs for
-Softmax/GELU after), for power-of-two scales (TIDL's simple calibration): each scale becomes
+ONNX Runtime's speed rewrites (``quant.ort_graph``: Linears as Gemm before; after,
+``quant.ort_rewrites``: float inputs for Softmax/GELU, the attention's operands), for
+power-of-two scales (TIDL's simple calibration): each scale becomes
 the power of two just below or above it, whichever quantizes the calibration values with the
 smaller squared error, and the integer weights are re-quantized to their new scale; and for
 its int32 biases corrected on the calibration data (``quant.bias_correction``).
@@ -38,7 +39,8 @@ from onnxruntime.quantization.qdq_loss_debug import (
 
 from .bias_correction import correct_biases
 from .data import Feeds, Samples, feed_for
-from .ort_graph import float_inputs, linear_as_gemm
+from .ort_graph import linear_as_gemm
+from .ort_rewrites import apply_ort_rewrites, ort_rewrites, shared_quantization
 from .targets import TargetProfile
 
 CALIBRATION_BATCH = 32
@@ -80,11 +82,12 @@ def quantize_onnx(
     model = onnx.load(str(fp32_path))
     input_names = graph_input_names(model)
     fixed = static_batch(model)
-    overrides = {name: [{"quant_type": QuantType.QInt16}] for name in int16_tensors}
     with tempfile.TemporaryDirectory() as scratch, _quiet():
         prepared = Path(scratch) / "prepared.onnx"
         source = _with_gemm_linears(fp32_path, Path(scratch)) if profile.gemm_linears else fp32_path
         quant_pre_process(str(source), str(prepared), skip_symbolic_shape=False)
+        widened = shared_quantization(onnx.load(str(prepared)), int16_tensors)
+        overrides = {name: [{"quant_type": QuantType.QInt16}] for name in widened}
         quantize_static(
             str(prepared),
             str(out_path),
@@ -103,7 +106,7 @@ def quantize_onnx(
                 "TensorQuantOverrides": overrides,
             },
         )
-        if profile.power_of_two_scales or profile.float_inputs or profile.bias_correction:
+        if profile.power_of_two_scales or profile.bias_correction or ort_rewrites(profile):
             quantized = onnx.load(str(out_path))
             if profile.power_of_two_scales:
                 # MinMax scales first: they give each activation its two power-of-two candidates
@@ -111,8 +114,8 @@ def quantize_onnx(
                     quantized, prepared, calibration.head(POWER_OF_TWO_SAMPLES), Path(scratch)
                 )
                 round_scales_to_power_of_two(quantized, scales)
-            if profile.float_inputs:
-                float_inputs(quantized, profile.float_inputs)
+            batch = fixed or CALIBRATION_BATCH
+            apply_ort_rewrites(quantized, profile, prepared, calibration, batch, fixed is not None)
             if profile.bias_correction:  # last: on the graph that ships, with its final scales
                 correct_biases(quantized, onnx.load(str(prepared)), calibration)
             onnx.save_model(quantized, str(out_path))

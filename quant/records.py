@@ -85,7 +85,12 @@ def tflite_inputs(info: TfliteInfo) -> list[schema.ModelInput]:
     return inputs
 
 
-def latency_record(timing: Timing, runtime: Runtime, artifact: str) -> schema.Latency:
+def latency_record(
+    timing: Timing,
+    runtime: Runtime,
+    artifact: str,
+    xnnpack_ops: dict[str, tuple[int, int]] | None = None,
+) -> schema.Latency:
     return schema.Latency(
         runtime=runtime,
         artifact=artifact,
@@ -95,4 +100,5 @@ def latency_record(timing: Timing, runtime: Runtime, artifact: str) -> schema.La
         p50_ms=timing.p50_ms,
         p90_ms=timing.p90_ms,
         p99_ms=timing.p99_ms,
+        xnnpack_ops=xnnpack_ops,
     )

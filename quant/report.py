@@ -120,6 +120,11 @@ class Latency(_Model):
     p50_ms: float
     p90_ms: float
     p99_ms: float
+    xnnpack_ops: dict[str, tuple[int, int]] | None = Field(
+        default=None,
+        description="LiteRT: {op type: (ops in the file, ops XNNPACK's delegate took)}, read from "
+        "the interpreter that timed it (an op it did not take runs on TFLite's own kernels)",
+    )
 
 
 class Exclusion(_Model):

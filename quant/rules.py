@@ -54,6 +54,7 @@ def check_onnx_artifact(path: Path, profile: TargetProfile) -> None:
         if profile.power_of_two_scales and not is_power_of_two(scale):
             raise RuleViolation(f"{name}: {node.name} has a scale that is not a power of two")
     _check_weights(model, profile, name)
+    _check_signed_activations(model, profile, name)
 
 
 # ORT's x86 u8s8 kernels without VNNI add pairs of u8 x s8 products in int16 (VPMADDUBSW):
@@ -79,6 +80,35 @@ def _check_weights(model: onnx.ModelProto, profile: TargetProfile, name: str) ->
         if np.abs(values.astype(np.int16)).max(initial=0) > SEVEN_BIT_MAX:
             raise RuleViolation(
                 f"{name}: {node.input[0]} exceeds 7 bits ([-{SEVEN_BIT_MAX}, {SEVEN_BIT_MAX}]): "
+                "it can saturate int8 kernels without VNNI"
+            )
+
+
+def _check_signed_activations(model: onnx.ModelProto, profile: TargetProfile, name: str) -> None:
+    """A profile with s8 attention operands (``signed_right_operands``) keeps them in 7 bits
+    for the reason its weights are: each s8 activation is clipped to [-64, 64] steps of its
+    scale before it is quantized, whatever the data."""
+    if not profile.signed_right_operands:
+        return
+    initializers = {init.name: init for init in model.graph.initializer}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    for node in model.graph.node:
+        if node.op_type != "QuantizeLinear" or len(node.input) < 3:
+            continue
+        zero = _constant(initializers, node.input[2], f"{name}: zero point of {node.name}")
+        if zero.dtype != np.int8:
+            continue
+        clip = producers.get(node.input[0])
+        if clip is None or clip.op_type != "Clip" or len(clip.input) < 3:
+            raise RuleViolation(f"{name}: s8 activation {node.output[0]} is not clipped")
+        scale = _constant(initializers, node.input[1], f"{name}: scale of {node.name}")
+        bounds = [
+            _constant(initializers, i, f"{name}: bound of {clip.name}") for i in clip.input[1:3]
+        ]
+        steps = max(abs(float(b.reshape(-1)[0])) for b in bounds) / float(scale.reshape(-1)[0])
+        if steps + float(np.abs(zero).max()) > SEVEN_BIT_MAX + 1e-3:
+            raise RuleViolation(
+                f"{name}: s8 activation {node.output[0]} exceeds 7 bits ({steps:.1f} steps): "
                 "it can saturate int8 kernels without VNNI"
             )
 

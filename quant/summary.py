@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 
 from .report import Host, Report, TargetReport
 
@@ -43,19 +44,37 @@ def _widened(target: TargetReport) -> str:
     return "pure int8"
 
 
+LATENCY_HEADERS = ["target", "runtime", "artifact", "threads", "p50 ms", "p90 ms", "p99 ms",
+                   "XNNPACK took"]  # fmt: skip
+
+
+def delegated_cell(counts: Mapping[str, Sequence[int]] | None) -> str:
+    """The ops XNNPACK's delegate took of a TFLite file's ops, and of its BATCH_MATMULs (the
+    attention products, which it takes only with a symmetric right operand); ``-`` elsewhere."""
+    if not counts:
+        return "-"
+    total, taken = (sum(pair[i] for pair in counts.values()) for i in (0, 1))
+    cell = f"{taken} / {total}"
+    if "BATCH_MATMUL" in counts:
+        cell += " (BATCH_MATMUL {1} / {0})".format(*counts["BATCH_MATMUL"])
+    return cell
+
+
 def latency_rows(report: Report) -> list[list[str]]:
+    """One row a target, runtime and thread count (``LATENCY_HEADERS``), and Vela's estimate."""
     rows = []
     for target in report.targets.values():
         for timing in target.latency:
             rows.append([
                 target.name, timing.runtime, timing.artifact, str(timing.threads),
                 f"{timing.p50_ms:.3f}", f"{timing.p90_ms:.3f}", f"{timing.p99_ms:.3f}",
+                delegated_cell(timing.xnnpack_ops),
             ])  # fmt: skip
         if target.vela is not None:
             vela = target.vela
             rows.append([
                 target.name, f"Vela ({vela.accelerator})", vela.system_config, "NPU",
-                f"{vela.est_ms:.3f}", "-", "-",
+                f"{vela.est_ms:.3f}", "-", "-", "-",
             ])  # fmt: skip
     return rows
 
@@ -195,8 +214,7 @@ def summary_markdown(report: Report) -> str:
     extra = host_kernel_lines(report)
     lines += ([""] + [f"- {line}" for line in extra]) if extra else []
     lines += ["", f"## {latency_title(report)}", ""]
-    lines += _table(["target", "runtime", "artifact", "threads", "p50 ms", "p90 ms", "p99 ms"],
-                    latency_rows(report))  # fmt: skip
+    lines += _table(LATENCY_HEADERS, latency_rows(report))
     for target in report.targets.values():
         lines += ["", f"## {target.name}: {target.board}", ""]
         lines += [f"- runtime: {target.runtime}; rules: {'; '.join(target.rules)}"]

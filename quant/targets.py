@@ -40,6 +40,11 @@ TIDL_OPS = frozenset({
     "Mul", "QuantizeLinear", "ReduceMean", "Reshape", "Slice", "Softmax", "Split", "Sub",
     "Transpose", "Gather", "Sqrt", "Pow", "Squeeze", "Unsqueeze",
 })  # fmt: skip
+# The smallest product of two activations (multiply-adds a sample) worth an s8 right operand:
+# below it the faster u8 x s8 kernel saves less than the Clip and QuantizeLinear it takes
+# (benchmarks/results/ort_speed.md, forced on the bundled examples, 0.15-0.26 M multiply-adds a
+# product: up to 22 % slower; ViT-Tiny, 7.4 M: 6 % faster).
+SIGNED_MIN_MACS = 1_000_000
 # ONNX Runtime's CPU provider runs every standard op: nothing falls back.
 ORT_CPU_OPS: frozenset[str] = frozenset()
 
@@ -88,6 +93,15 @@ class TargetProfile:
     # the ops that take their input in float straight from the MatMul/Gemm computing it
     gemm_linears: bool
     float_inputs: frozenset[str]
+    # ONNX Runtime x86 attention (quant.ort_attention): a constant positive factor on an
+    # activation (q * head_dim**-0.5) folded into a DequantizeLinear scale; the right operand
+    # of each product of two activations (K^T, V) a 7-bit s8 tensor, so that the product runs
+    # on the u8 x s8 kernels (VNNI) instead of the U8U8 ones
+    fold_factors: bool
+    signed_right_operands: bool
+    signed_min_macs: int  # the smallest product (multiply-adds a sample) they are worth it for
+    # a Shape reads the quantized tensor, not a DequantizeLinear of it made for it alone
+    shapes_of_quantized: bool
     accelerator_ops: frozenset[str]  # ops its accelerator runs; empty = everything
     notes: str
     # INT8_RECIPES added one after another, each only when the pure int8 file before it misses
@@ -116,7 +130,8 @@ class TargetProfile:
             if self.weight_type == "uint8"
             else f"s8 weights in {self.weight_bits} bits",
             f"{'s8' if self.activation_type == 'int8' else 'u8'}"
-            f"{' symmetric' if self.symmetric_activations else ''} activations",
+            f"{' symmetric' if self.symmetric_activations else ''} activations"
+            + (" (attention's K and V s8 in 7 bits)" if self.signed_right_operands else ""),
         ]
         if self.power_of_two_scales:
             parts.append("power-of-two scales")
@@ -151,6 +166,21 @@ class TargetProfile:
         if self.float_inputs:
             ops = ", ".join(sorted(self.float_inputs))
             rules.append(f"{ops} in float, fed in float by their integer MatMul/Gemm (faster)")
+        if self.fold_factors:
+            rules.append(
+                "a constant positive factor on an activation (the attention's q scale) folded "
+                "into its dequantize scale: one integer Mul and one rounding fewer"
+            )
+        if self.signed_right_operands:
+            rules.append(
+                "the right operand of each product of two activations (K^T, V) with at least "
+                f"{self.signed_min_macs / 1e6:g} M multiply-adds a sample s8 in 7 bits (clipped "
+                "to its calibrated absolute maximum, [-64, 64]), so that ONNX Runtime runs it on "
+                "its u8 x s8 kernels (VNNI), not the slower U8U8 ones (the qkv Split they come "
+                "out of fed in float); 7 bits for the reason the weights have them"
+            )
+        if self.shapes_of_quantized:
+            rules.append("a Shape reads the quantized tensor, not a dequantized copy made for it")
         if "onnx_qdq" in self.artifacts:
             rules.append(
                 "drift measured in exact integer arithmetic (the QDQ graph as written, no fused "
@@ -227,6 +257,10 @@ PROFILES: dict[str, TargetProfile] = {
             # than its float Softmax; GELU has no integer kernel (benchmarks/results/ort_speed.md)
             gemm_linears=True,
             float_inputs=frozenset({"Softmax", "Gelu"}),
+            fold_factors=True,
+            signed_right_operands=True,
+            signed_min_macs=SIGNED_MIN_MACS,
+            shapes_of_quantized=True,
             accelerator_ops=ORT_CPU_OPS,
             notes="reference target; the int8 ONNX file also runs on any ORT build",
             int8_ladder=("bias_correction", "u8u8"),
@@ -249,6 +283,10 @@ PROFILES: dict[str, TargetProfile] = {
             fallback="int16_model",  # Ethos-U runs 16x8
             gemm_linears=False,
             float_inputs=frozenset(),
+            fold_factors=False,
+            signed_right_operands=False,
+            signed_min_macs=SIGNED_MIN_MACS,
+            shapes_of_quantized=False,
             accelerator_ops=ETHOS_U_OPS,
             notes="ops Vela cannot place run on the Cortex-A55",
             int8_ladder=(),
@@ -271,6 +309,10 @@ PROFILES: dict[str, TargetProfile] = {
             fallback="none",  # no float/int8 mixing, no int16 on the NPU path
             gemm_linears=False,
             float_inputs=frozenset(),
+            fold_factors=False,
+            signed_right_operands=False,
+            signed_min_macs=SIGNED_MIN_MACS,
+            shapes_of_quantized=False,
             accelerator_ops=VX_DELEGATE_OPS,
             notes="per-tensor int8; NPU integer math is not bit-exact vs the CPU",
             int8_ladder=(),
@@ -296,6 +338,10 @@ PROFILES: dict[str, TargetProfile] = {
             fallback="none",
             gemm_linears=False,  # kept as exported: TIDL's validated MatMul + Add pattern
             float_inputs=frozenset(),  # TIDL runs the whole graph in integer
+            fold_factors=False,  # kept as exported: the file is TIDL's, not ONNX Runtime's
+            signed_right_operands=False,  # TIDL's MatMuls are s8 x s8 already
+            signed_min_macs=SIGNED_MIN_MACS,
+            shapes_of_quantized=False,
             accelerator_ops=TIDL_OPS,
             notes="symmetric only, power-of-2 scales, both MatMul inputs signed",
             int8_ladder=("bias_correction",),

@@ -19,7 +19,14 @@ from . import report as schema
 from .data import Samples
 from .drift import Drift, measure_drift
 from .latency import thread_counts
-from .litert import latency_tflite, onnx_names, op_graph, run_tflite, tensor_sqnr_tflite
+from .litert import (
+    latency_tflite,
+    onnx_names,
+    op_graph,
+    run_tflite,
+    tensor_sqnr_tflite,
+    xnnpack_ops,
+)
 from .records import (
     WORST_LAYERS,
     artifact_record,
@@ -99,7 +106,12 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
         drift=drift_record(drift, name, worst, bars, "litert"),
         pure_int8_drift=(drift_record(pure, name, [], bars, "litert") if shipped != int8 else None),
         latency=[
-            latency_record(latency_tflite(shipped, sample, t, runs=runs), "litert", name)
+            latency_record(
+                latency_tflite(shipped, sample, t, runs=runs),
+                "litert",
+                name,
+                xnnpack_ops(shipped, t),
+            )
             for t in thread_counts()
         ],
         fallback_ops=fallback_ops,

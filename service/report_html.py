@@ -17,6 +17,7 @@ from pathlib import Path
 
 from quant.report import REPORT_FILE, Host, Report, TargetReport
 from quant.summary import (
+    LATENCY_HEADERS,
     WORST_LAYER_HEADERS,
     drift_rows,
     fallback_op_lines,
@@ -90,7 +91,7 @@ def render_report_html(report: Report) -> str:
         "<h2>Latency</h2>",
         f'<p class="muted" id="latency-host">{escape(latency_title(report))}; batch 1.</p>',
         _table(
-            ["target", "runtime", "artifact", "threads", "p50 ms", "p90 ms", "p99 ms"],
+            LATENCY_HEADERS,
             latency_rows(report),
             "latency",
             numeric=(3, 4, 5, 6),

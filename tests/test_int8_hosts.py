@@ -36,8 +36,10 @@ EMULATED_SAMPLES = 200  # ~15 s a file under QEMU; enough for the 8-bit file to 
 
 @pytest.fixture(scope="module")
 def cpu_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Per bundled ViT: its fp32 file, the cpu target's file, an 8-bit-weight twin and the
-    cpu ladder's U8U8 file (u8 weights in 8 bits, biases corrected)."""
+    """Per bundled ViT: its fp32 file, the cpu target's file, an 8-bit-weight twin, the cpu
+    ladder's U8U8 file (u8 weights in 8 bits, biases corrected) and the cpu file with its
+    attention's K and V s8 however small the products (these ViTs' are below the profile's
+    bound)."""
     directory = tmp_path_factory.mktemp("hosts")
     files = {}
     for name in ("vit-mnist-ln-to-un", "vit-mnist-un"):
@@ -46,8 +48,9 @@ def cpu_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         export_folded(folded, fp32, opset=CPU.opset, dynamic_batch=True)
         calibration = checkpoint_samples(folded.info, "train", 256)
         portable, eight_bit = directory / f"{name}_cpu.onnx", directory / f"{name}_8bit.onnx"
-        u8u8 = directory / f"{name}_u8u8.onnx"
+        u8u8, signed = directory / f"{name}_u8u8.onnx", directory / f"{name}_signed.onnx"
         quantize_onnx(fp32, portable, CPU, calibration)
+        quantize_onnx(fp32, signed, dataclasses.replace(CPU, signed_min_macs=0), calibration)
         quantize_onnx(fp32, eight_bit, dataclasses.replace(CPU, weight_bits=8), calibration)
         quantize_onnx(fp32, u8u8, CPU.int8_recipes[-1], calibration)
         files[name] = {
@@ -55,6 +58,7 @@ def cpu_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
             "cpu": portable,
             "8bit": eight_bit,
             "u8u8": u8u8,
+            "signed": signed,
             "test": checkpoint_samples(folded.info, "test"),
         }
     return files
@@ -104,17 +108,27 @@ def test_on_a_cpu_without_vnni_the_cpu_file_computes_its_exact_arithmetic(cpu_fi
     assert (portable.argmax(-1) == exact.argmax(-1)).mean() >= 0.99
 
 
-def test_the_cpu_ladders_u8u8_file_computes_its_exact_arithmetic_without_vnni(
-    cpu_files: dict,
+@pytest.mark.parametrize(
+    "variant",
+    [
+        # the cpu ladder's last pure int8 recipe keeps 8-bit weights: host-safe only because
+        # ORT's U8U8 kernels never add products in int16
+        "u8u8",
+        # K and V in 7-bit s8 (clipped) reach ORT's u8 x s8 kernels, which add pairs of
+        # products in int16 on an AVX2 core: like 7-bit weights they cannot saturate there
+        "signed",
+    ],
+)
+def test_the_files_that_rely_on_their_kernels_compute_their_exact_arithmetic_without_vnni(
+    cpu_files: dict, variant: str
 ) -> None:
-    """The cpu ladder's last pure int8 recipe keeps 8-bit weights: host-safe only because ORT's
-    U8U8 kernels never add products in int16. Checked where it matters, on an AVX2 core."""
+    """Checked where it matters, on an AVX2 core (QEMU's Haswell model)."""
     if not qemu_available():
         missing("qemu-x86_64 (Debian qemu-user) is not installed")
     files = cpu_files["vit-mnist-ln-to-un"]
     inputs = files["test"].inputs[:EMULATED_SAMPLES]
-    emulated = run_onnx_emulated(files["u8u8"], inputs)
-    exact = exact_outputs(files["u8u8"], inputs)
+    emulated = run_onnx_emulated(files[variant], inputs)
+    exact = exact_outputs(files[variant], inputs)
     assert min_cosine(emulated, exact) > 0.995
     assert (emulated.argmax(-1) == exact.argmax(-1)).mean() >= 0.99
 

@@ -98,6 +98,19 @@ def svg_sizes(browser) -> dict[str, tuple[float, float]]:
     )
 
 
+def test_litert_latency_rows_say_what_xnnpack_took(report: Report) -> None:
+    """The imx93 file's latency rows carry the ops XNNPACK's delegate took, every attention
+    BATCH_MATMUL among them (the symmetric right operands); ONNX Runtime's rows none."""
+    for target in report.targets.values():
+        for timing in target.latency:
+            if timing.runtime != "litert":
+                assert timing.xnnpack_ops is None, timing
+                continue
+            total, taken = timing.xnnpack_ops["BATCH_MATMUL"]
+            assert total == taken > 0, timing.xnnpack_ops
+            assert timing.xnnpack_ops["FULLY_CONNECTED"][1] > 0, timing.xnnpack_ops
+
+
 def column(browser, table: str, index: int) -> list[str]:
     return browser.execute_script(
         f"return [...document.querySelectorAll('#{table}-table tbody tr')]"
@@ -120,6 +133,10 @@ def test_report_page_renders_in_chromium(browser, page_server, report: Report) -
     assert len(latency_rows) == expected
     runtimes = set(column(browser, "latency", 1))
     assert {"onnxruntime", "litert"} <= runtimes and any(r.startswith("Vela") for r in runtimes)
+    delegated = dict(zip(column(browser, "latency", 2), column(browser, "latency", 7), strict=True))
+    assert delegated["cpu/model_int8.onnx"] == "-"
+    imx93 = delegated["imx93/model_int8.tflite"]
+    assert re.fullmatch(r"\d+ / \d+ \(BATCH_MATMUL (\d+) / \1\)", imx93), imx93
     sizes = svg_sizes(browser)
     assert set(sizes) == {"plot-sqnr-cpu", "plot-sqnr-imx93", "plot-latency", "plot-vela"}
     assert all(width > 100 and height > 50 for width, height in sizes.values()), sizes

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 DRIFT_HEADERS = ("target", "status", "top-1 fp32 -> int8", "drop", "agreement", "cosine",
                  "precision")  # fmt: skip
-LATENCY_HEADERS = ("target", "runtime", "artifact", "threads", "p50 ms", "p90 ms", "p99 ms")
 
 
 def _pct(value: float | None) -> str:
@@ -25,6 +24,7 @@ def _pct(value: float | None) -> str:
 def print_summary(console: Console, report: Report, headline: bool = True) -> None:
     """The model line, the drift table and the latency table (quant.summary's rows)."""
     from quant.summary import (
+        LATENCY_HEADERS,
         drift_rows,
         host_kernel_lines,
         latency_rows,
