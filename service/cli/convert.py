@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from quant.targets import DEFAULT_MAX_DRIFT
+from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT
 
 from . import output
 from .app import command, exit_code
@@ -127,6 +127,15 @@ def convert(
     max_drift: Annotated[
         float, typer.Option(metavar="PTS", help="Top-1 drop allowed, in points.")
     ] = DEFAULT_MAX_DRIFT,
+    min_agreement: Annotated[
+        float,
+        typer.Option(
+            metavar="PCT",
+            min=0,
+            max=100,
+            help="Share of test samples whose int8 top-1 must equal fp32's, in percent.",
+        ),
+    ] = 100 * DEFAULT_MIN_AGREEMENT,
     config: Config = None,
     allow_online: AllowOnline = False,
     recalibrate: Annotated[
@@ -161,6 +170,7 @@ def convert(
                 eval=eval_data,
                 out_dir=out_dir,
                 max_drift=max_drift,
+                min_agreement=min_agreement / 100,
                 progress=progress,
                 config=config,
                 allow_online=allow_online,
