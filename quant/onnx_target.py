@@ -111,7 +111,7 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
     errors = tensor_sqnr(job.fp32_path, artifact, evaluation)
     int16: tuple[str, ...] = ()
     steps: list[FallbackStep] = []
-    if not drift.within(bars) and profile.fallback != "none":
+    if not drift.within(bars) and profile.fallback != "none" and not stopped:
         ranked = [e.name for e in sorted(errors, key=lambda e: e.own_sqnr_db)]
         count = FIRST_FALLBACK_STEP
         while True:

@@ -15,6 +15,7 @@ from edge_un import data
 from testbed.live import QUEUE_MODES, LiveServer, ServiceMode
 
 from .builders import example_vit_onnx, trained_small_model
+from .databases import postgres_settings, settings  # noqa: F401  (database fixtures)
 from .servers import missing, postgres_server, redis_server  # noqa: F401  (session fixtures)
 
 CHROMIUM = "/usr/bin/chromium"
