@@ -15,7 +15,7 @@ import pytest
 
 from quant.drift import measure_drift, onnx_runner
 from quant.litert import run_tflite, xnnpack_ops
-from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT
+from quant.targets import DEFAULT_BARS
 from quant.tflite import convert_tflite
 from quant.tflite_flatbuffer import check_full_integer, inspect_tflite
 from quant.tflite_symmetric import make_matmul_operands_symmetric
@@ -70,7 +70,7 @@ def test_the_symmetric_file_stays_within_the_drift_bars_on_the_test_split(
     reference = onnx_runner(vit_onnx["fp32"]["cpu"])(test.feeds)
     symmetric = run_tflite(files["symmetric"], test.feeds)
     drift = measure_drift(reference, symmetric, test.labels)
-    assert drift.within(DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT), drift
+    assert drift.within(DEFAULT_BARS), drift
     # and it computes what the converter's file computes, up to the coarser K and V steps
     before = run_tflite(files["converted"].int8, test.feeds)
     assert np.mean(before.argmax(1) == symmetric.argmax(1)) >= 0.99
