@@ -74,13 +74,7 @@ def start_job(task: Task, job_id: str, recheck: bool = False) -> str:
             session, job_id, settings.lease_s, settings.max_attempts
         )
     if outcome == "busy":
-        # Running under a live heartbeat. A redelivered message means the pool process that
-        # ran it may just have died (its last beat is still fresh): look again after a lease.
-        redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
-        if redelivered and not recheck:
-            countdown = settings.lease_s + settings.heartbeat_s
-            raise task.retry(kwargs={"recheck": True}, countdown=countdown)
-        return "duplicate delivery of a running job: ignored"
+        return _busy(task, settings, recheck, "a running job")
     if outcome == "gone":
         clean_leftovers(settings, make_store(settings), job_id)
         return "nothing to start"
@@ -117,12 +111,8 @@ def build_target(task: Task, job_id: str, run: int, name: str, recheck: bool = F
         outcome = job_targets.claim_target(
             session, job_id, run, name, settings.lease_s, settings.max_attempts
         )
-    if outcome == "busy":  # as for a job: its worker may just have died
-        redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
-        if redelivered and not recheck:
-            countdown = settings.lease_s + settings.heartbeat_s
-            raise task.retry(kwargs={"recheck": True}, countdown=countdown)
-        return "duplicate delivery of a target being built: ignored"
+    if outcome == "busy":
+        return _busy(task, settings, recheck, "a target being built")
     if outcome == "gone":
         _report_if_due(task, settings, Claim(job_id, run))
         return "nothing to build"
@@ -174,6 +164,17 @@ def report(task: Task, job_id: str, run: int) -> str:
     if code != 0:
         _fail_run(settings, claim, code, peak_mb, log_path)
     return f"job {job_id} attempt {run} reported: exit code {code}"
+
+
+def _busy(task: Task, settings: Settings, recheck: bool, what: str) -> str:
+    """A step running under a live heartbeat. A redelivered message means the pool process
+    that ran it may just have died (its last beat is still fresh): look again after a lease,
+    once."""
+    redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
+    if redelivered and not recheck:
+        countdown = settings.lease_s + settings.heartbeat_s
+        raise task.retry(kwargs={"recheck": True}, countdown=countdown)
+    return f"duplicate delivery of {what}: ignored"
 
 
 def _report_if_due(task: Task, settings: Settings, claim: Claim) -> None:
