@@ -65,9 +65,12 @@ def _this_build(claim: TargetClaim) -> list:
 
 def fan_out(session: Session, claim: Claim, names: list[str]) -> bool:
     """The run's first step ended: one queued record per target, and the job in its targets
-    phase. False (and nothing recorded) if the job no longer runs this attempt."""
+    phase (its ``dispatched_at`` from here on: when its report's task was sent). False (and
+    nothing recorded) if the job no longer runs this attempt."""
     moved = session.execute(
-        update(Job).where(*_job_running(claim)).values(phase=TARGETS, updated_at=utcnow())
+        update(Job)
+        .where(*_job_running(claim))
+        .values(phase=TARGETS, dispatched_at=None, updated_at=utcnow())
     )
     if moved.rowcount != 1:
         return False
@@ -345,16 +348,24 @@ def mark_sent(session: Session, steps: list[Step]) -> None:
         )  # fmt: skip
 
 
-def reports_due(session: Session, lease_s: float) -> list[Claim]:
-    """Runs whose targets all ended and whose report nobody is assembling: their last target's
-    worker died before it sent the report's task, or the report's worker died."""
-    unended = exists().where(
-        JobTarget.job_id == Job.id, JobTarget.run == Job.attempts, JobTarget.state != ENDED
-    )
+def mark_report_sent(session: Session, claim: Claim) -> None:
+    session.execute(update(Job).where(*_job_running(claim)).values(dispatched_at=utcnow()))
+
+
+def reports_due(session: Session, lease_s: float, resend_s: float) -> list[Claim]:
+    """Runs whose targets all ended and whose report nobody is assembling, to be sent again:
+    their last target's worker died before it sent the report's task (it has a lease to), or
+    the report's worker died. A report sent (``mark_report_sent``) may be waiting behind other
+    steps at the broker: it is sent again only ``resend_s`` later (each copy is a task for a
+    worker, and copies sent faster than the workers dismiss them would pile up)."""
+    of_run = and_(JobTarget.job_id == Job.id, JobTarget.run == Job.attempts)
+    unended = exists().where(of_run, JobTarget.state != ENDED)
+    just_ended = exists().where(of_run, JobTarget.updated_at >= stale_before(lease_s))
     stale = and_(Job.phase == REPORT, Job.heartbeat_at < stale_before(lease_s))
+    unsent = Job.dispatched_at.is_(None) | (Job.dispatched_at < stale_before(resend_s))
     rows = session.execute(
         select(Job.id, Job.attempts).where(
-            Job.state == "running", (Job.phase == TARGETS) | stale, ~unended
+            Job.state == "running", (Job.phase == TARGETS) | stale, ~unended, ~just_ended, unsent
         )
     )
     return [Claim(job_id, run) for job_id, run in rows]

@@ -21,6 +21,7 @@ from service.schemas import JobOut
 from .test_service_jobs import _claim, _claim_by_id, _queue
 
 LEASE_S = 60.0
+RESEND_S = 600.0
 
 
 def test_jobs_start_in_turns_between_tokens(settings):
@@ -52,6 +53,13 @@ def _silence_target(settings, job_id: str, name: str) -> None:
             .where(JobTarget.job_id == job_id, JobTarget.name == name)
             .values(heartbeat_at=then, started_at=then)
         )
+
+
+def _end_long_ago(settings, job_id: str) -> None:
+    """As if the job's targets had all ended an hour ago."""
+    then = datetime.now(UTC) - timedelta(hours=1)
+    with session_scope(settings) as session:
+        session.execute(update(JobTarget).where(JobTarget.job_id == job_id).values(updated_at=then))
 
 
 def _prepared_run(settings, names: list[str]) -> jobs.Claim:
@@ -113,11 +121,19 @@ def test_a_target_silent_after_its_attempts_ends_with_the_reason(settings):
             "cpu": "its worker was lost while it built, 1 time(s) (the limit is 1, "
             "EDGE_UN_MAX_ATTEMPTS)"
         }
-        assert job_targets.reports_due(session, LEASE_S) == []
+        assert job_targets.reports_due(session, LEASE_S, RESEND_S) == []
     tda4vm = _target(settings, job_id, "tda4vm")
     with session_scope(settings) as session:
         assert job_targets.end_target(session, tda4vm)
-        assert job_targets.reports_due(session, LEASE_S) == [run]
+        # just ended: the worker that ended it sends the report itself (it has a lease to)
+        assert job_targets.reports_due(session, LEASE_S, RESEND_S) == []
+    _end_long_ago(settings, job_id)  # and nothing was sent since
+    with session_scope(settings) as session:
+        assert job_targets.reports_due(session, LEASE_S, RESEND_S) == [run]
+        job_targets.mark_report_sent(session, run)
+        # sent: it may wait behind other steps at the broker; no second copy until RESEND_S
+        assert job_targets.reports_due(session, LEASE_S, RESEND_S) == []
+        assert job_targets.reports_due(session, LEASE_S, resend_s=-1) == [run]
 
 
 def test_a_cancelled_run_stops_its_targets_and_sends_no_report(settings):
@@ -131,7 +147,7 @@ def test_a_cancelled_run_stops_its_targets_and_sends_no_report(settings):
         assert job_targets.steps_of_job(session, run.job_id) == [(run.job_id, 1, "cpu")]
     assert _target(settings, run.job_id, "cpu") == "gone"
     with session_scope(settings) as session:
-        assert job_targets.reports_due(session, LEASE_S) == []
+        assert job_targets.reports_due(session, LEASE_S, resend_s=-1) == []
         assert job_targets.queued_targets(session) == []
 
 

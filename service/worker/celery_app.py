@@ -32,6 +32,11 @@ HARD_LIMIT_GRACE_S = 60
 log = logging.getLogger("edge_un.celery")
 
 
+def redelivery_s(settings: Settings) -> float:
+    """How long a message a dead worker held waits before it comes back (past the longest run)."""
+    return settings.job_timeout_s + HARD_LIMIT_GRACE_S + settings.lease_s
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery's settings for conversions: minutes-long, memory-hungry, never to be lost."""
     hard_limit = settings.job_timeout_s + HARD_LIMIT_GRACE_S
@@ -41,7 +46,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # A message a dead worker held comes back after this long; no run lasts longer, so a
         # live run's message never comes back (the reconciler recovers sooner anyway).
         "broker_transport_options": {
-            "visibility_timeout": int(hard_limit + settings.lease_s),
+            "visibility_timeout": int(redelivery_s(settings)),
             "unacked_restore_interval": 10,
         },
         # A publish while the broker is away fails fast: the job stays queued in the database

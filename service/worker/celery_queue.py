@@ -25,7 +25,7 @@ from ..db import session_scope
 from ..jobs import Claim
 from ..settings import Settings
 from ..storage import make_store
-from .celery_app import HARD_LIMIT_GRACE_S, make_celery
+from .celery_app import HARD_LIMIT_GRACE_S, make_celery, redelivery_s
 from .celery_dispatch import report_task_id, send_report, send_start, send_targets, target_task_id
 from .job_process import clean_leftovers, timeout_message
 
@@ -145,7 +145,8 @@ class CeleryQueue:
             unsent = job_targets.unsent_targets(session, quiet_s=quiet)
             for claim in job_targets.overdue(session, settings.job_timeout_s, HARD_LIMIT_GRACE_S):
                 jobs.fail(session, claim, timeout_message(settings))
-            due = job_targets.reports_due(session, lease)
+            # a report sent waits at the broker as a dead worker's message would, no longer
+            due = job_targets.reports_due(session, lease, redelivery_s(settings))
         if requeued or failed or lost or ended:
             log.warning(
                 "steps whose worker was lost: %d job(s) queued again, %d failed; %d target(s) "
@@ -165,6 +166,9 @@ class CeleryQueue:
             send_report(self.app, claim)
         except Exception as error:
             log.warning("could not send the report of job %s: %s", claim.job_id, error)
+            return
+        with session_scope(self.settings) as session:
+            job_targets.mark_report_sent(session, claim)
 
     def _clean_cancelled(self) -> None:
         now = time.monotonic()

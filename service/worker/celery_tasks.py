@@ -183,16 +183,19 @@ def _report_if_due(task: Task, settings: Settings, claim: Claim) -> None:
     with session_scope(settings) as session:
         due = jobs.state_of(session, claim.job_id) == ("running", claim.attempt)
         due = due and job_targets.all_ended(session, claim.job_id, claim.attempt)
-    if due:
-        _send(send_report, task, claim)
+    if due and _send(send_report, task, claim):
+        with session_scope(settings) as session:
+            job_targets.mark_report_sent(session, claim)
 
 
-def _send(send: Callable, task: Task, what: object) -> None:
+def _send(send: Callable, task: Task, what: object) -> bool:
     """Send from a worker; a broker away now is the reconciler's to make up for."""
     try:
         send(task.app, what)
     except Exception as error:
         log.warning("could not send to the broker (the API's reconciler will): %s", error)
+        return False
+    return True
 
 
 def _ended_itself(session: Session, claim: Claim) -> bool:
