@@ -16,31 +16,16 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 from sqlalchemy import select
 
 from quant.report import Report
 from service.db import JobTarget, session_scope
 from service.worker.job_process import THREAD_VARIABLES
-from testbed.live import ROOT, LiveServer, ServiceMode, fast_job_files, upload_fast, wait_for
+from testbed.live import ROOT, LiveServer, fast_job_files, upload_fast, wait_for
 
 from .service_live import abort_hook, is_problem
 
 TARGETS = "cpu,tda4vm"  # two QDQ ONNX targets: the fastest pair to build
-
-
-@pytest.fixture
-def celery_mode(postgres_server, redis_server) -> ServiceMode:
-    return ServiceMode("celery", postgres_server, redis_server)
-
-
-@pytest.fixture
-def cluster(tmp_path, celery_mode):
-    """The API and two workers, stopped after the test."""
-    fast_job_files()  # build the inputs before any clock starts
-    server = celery_mode.server(tmp_path / "data", EDGE_UN_WORKERS="2").start()
-    yield server
-    server.stop()
 
 
 def builds(server: LiveServer, job_id: str) -> list[JobTarget]:
@@ -82,7 +67,10 @@ def one_process_conversion(out: Path) -> Report:
     return Report.read(out / "report.json")
 
 
-def test_a_jobs_targets_build_at_once_on_two_workers_as_one_process_builds_them(cluster, tmp_path):
+def test_a_jobs_targets_build_at_once_on_two_workers_as_one_process_builds_them(
+    shared_cluster, tmp_path
+):
+    cluster = shared_cluster
     with cluster.client(cluster.token()) as client:
         job_id = upload_fast(client, targets=TARGETS).json()["id"]
         where = both_building(cluster, job_id)
@@ -111,7 +99,8 @@ def test_a_jobs_targets_build_at_once_on_two_workers_as_one_process_builds_them(
     assert served.reference.model_dump(exclude=paths) == single.reference.model_dump(exclude=paths)
 
 
-def test_a_cancel_stops_every_target(cluster):
+def test_a_cancel_stops_every_target(shared_cluster):
+    cluster = shared_cluster
     with cluster.client(cluster.token()) as client:
         job_id = upload_fast(client, targets=TARGETS).json()["id"]
         both_building(cluster, job_id)
