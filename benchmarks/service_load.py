@@ -4,6 +4,7 @@ the status, download and metrics endpoints while conversions run, in both queue 
     .venv/bin/python -m benchmarks.service_load            # everything, ~13 min on 2 cores
     .venv/bin/python -m benchmarks.service_load --quick    # 2 jobs per run, 4 clients, ~6 min
     .venv/bin/python -m benchmarks.service_load --report-only   # Markdown and plot from the JSON
+    .venv/bin/python -m benchmarks.service_load --burst-only    # only the 20-upload burst, ~3 min
 
 Real servers, started as the service's tests start them (``testbed``): for each
 queue mode, ``local`` (SQLite, the API server's own job processes) and ``celery`` (PostgreSQL +
@@ -56,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.results_main import RESULTS, ROOT
+from testbed.burst import concurrent_uploads
 from testbed.live import (
     CELERY_FAST,
     FAST,
@@ -385,6 +387,53 @@ def run_one(
     return result
 
 
+def run_burst(mode: ServiceMode, clients: int, scratch: Path) -> dict[str, Any]:
+    """tests/test_service_load.py's burst, timed: ``clients`` tokens upload at once to a fresh
+    server with 2 workers, each waits for its own job (``upload_fast``, target cpu)."""
+    env = {**SETTINGS, "EDGE_UN_WORKERS": "2"}
+    if mode.name == "celery":
+        env |= CELERY_SETTINGS
+    server = mode.server(scratch / f"{mode.name}-burst", **env).start()
+    try:
+        burst = concurrent_uploads(server, clients)
+    finally:
+        server.stop()
+    jobs = [run.job for run in burst.clients if run.job]
+    return {
+        "mode": mode.name,
+        "clients": clients,
+        "accepted": sum(run.status == 202 for run in burst.clients),
+        "succeeded": sum(job["state"] == "succeeded" for job in jobs),
+        "distinct_ids": len(set(burst.job_ids)),
+        "max_attempts": max((job["attempts"] for job in jobs), default=0),
+        "own_job_only": sum(run.listed == [run.job.get("id")] for run in burst.clients),
+        "seconds": round(burst.seconds, 1),
+        "conversions_per_hour": round(len(jobs) / burst.seconds * 3600),
+    }
+
+
+def burst_lines(bursts: list[dict[str, Any]]) -> list[str]:
+    if not bursts:
+        return []
+    out = [
+        "## A burst of uploads (the slow test tests/test_service_load.py, timed)",
+        "",
+        "N clients, each with its own token, upload one conversion (`upload_fast`, target "
+        "cpu) at the same moment to a fresh server with 2 workers and wait for it.",
+        "",
+        "| mode | clients | accepted | succeeded | distinct ids | max attempts | "
+        "each lists only its own | burst s | conversions/hour |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for b in bursts:
+        out.append(
+            f"| {b['mode']} | {b['clients']} | {b['accepted']} | {b['succeeded']} | "
+            f"{b['distinct_ids']} | {b['max_attempts']} | {b['own_job_only']} | "
+            f"{b['seconds']:.0f} | {b['conversions_per_hour']} |"
+        )
+    return [*out, ""]
+
+
 def summarize(rows, batch_end: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for endpoint in ENDPOINTS:
@@ -482,6 +531,7 @@ def report(data: dict[str, Any]) -> None:
     lines += notes(data, by)
     lines += details(runs)
     lines += scaling(data, by)
+    lines += burst_lines(data.get("bursts", []))
     MD_PATH.write_text("\n".join(lines) + "\n")
     plot(data)
 
@@ -750,6 +800,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--think-ms", type=float, default=100.0)
     parser.add_argument("--fast-upload", action="store_true", help="upload_fast, not the ckpt")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--burst", type=int, default=20, help="clients of the burst (0: none)")
+    parser.add_argument("--burst-only", action="store_true",
+                        help="only the burst, kept beside the JSON's batch runs")  # fmt: skip
     args = parser.parse_args(argv)
     if args.report_only:
         report(json.loads(JSON_PATH.read_text()))
@@ -769,7 +822,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.fast_upload:
         fast_job_files()
     postgres = redis = None
-    runs = []
+    runs, bursts = [], []
     try:
         if "celery" in modes:
             postgres, redis = PostgresServer(PG_BIN), RedisServer(shutil.which("redis-server"))
@@ -777,7 +830,11 @@ def main(argv: list[str] | None = None) -> None:
             redis.start()
         for name in modes:
             mode = ServiceMode(name, postgres, redis)
-            for workers in WORKER_COUNTS:
+            if args.burst:
+                print(f"{name}: a burst of {args.burst} uploads ...", flush=True)
+                bursts.append(run_burst(mode, args.burst, scratch))
+                print(f"  {bursts[-1]}", flush=True)
+            for workers in () if args.burst_only else WORKER_COUNTS:
                 print(f"{name}, {workers} worker(s): {jobs} jobs ...", flush=True)
                 run = run_one(mode, workers, jobs, clients, args.think_ms / 1000,
                               args.fast_upload, scratch)  # fmt: skip
@@ -795,6 +852,14 @@ def main(argv: list[str] | None = None) -> None:
             if server is not None:
                 server.cleanup()
         shutil.rmtree(scratch, ignore_errors=True)
+    lost = any(b["succeeded"] != b["clients"] for b in bursts)
+    if args.burst_only:
+        data = json.loads(JSON_PATH.read_text()) | {"bursts": bursts}
+        JSON_PATH.write_text(json.dumps(data, indent=1) + "\n")
+        report(data)
+        if lost:
+            sys.exit("a conversion of the burst did not succeed")
+        return
     data = {
         "started": started.strftime("%Y-%m-%d %H:%M:%S"),
         "elapsed_s": round(time.monotonic() - t0, 1),
@@ -813,13 +878,14 @@ def main(argv: list[str] | None = None) -> None:
             "load_after": [round(x, 2) for x in os.getloadavg()],
         },
         "runs": runs,
+        "bursts": bursts,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     JSON_PATH.write_text(json.dumps(data, indent=1) + "\n")
     report(data)
     print(f"wrote {JSON_PATH.relative_to(ROOT)}, {MD_PATH.name}, {PNG_PATH.name}")
     failed = sum(r["requests"]["all"]["failed"] for r in runs)
-    if failed or any(r["succeeded"] != r["jobs"] for r in runs):
+    if failed or lost or any(r["succeeded"] != r["jobs"] for r in runs):
         sys.exit(f"{failed} request(s) failed or a conversion did not succeed")
 
 

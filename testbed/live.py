@@ -273,7 +273,13 @@ def wait_for(
     deadline = time.monotonic() + timeout
     job: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        job = client.get(f"/v1/conversions/{job_id}").json()
+        try:
+            job = client.get(f"/v1/conversions/{job_id}").json()
+        except (httpx.ReadError, httpx.RemoteProtocolError):
+            # the server closed an idle keep-alive connection as this GET reused it (uvicorn
+            # closes them after 5 s; a poller starved of CPU for longer meets it): ask again
+            time.sleep(0.3)
+            continue
         if job["state"] in states and job["stage"] not in stage_not_in:
             return job
         if job["state"] in FINISHED and job["state"] not in states:

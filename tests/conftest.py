@@ -27,12 +27,19 @@ def small_vit() -> nn.Module:
     return trained_small_model("vit", "un")
 
 
-@pytest.fixture(scope="module")
-def vit_onnx(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The bundled trained UN ViT folded: ``fp32[target]`` its fp32 ONNX file for a target
-    (exported on first use), ``calibration`` and ``evaluation`` samples of its own data, and
-    ``dir`` a directory for the module's files (tests/builders.py, ``example_vit_onnx``)."""
+@pytest.fixture(scope="session")
+def _example_vit(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Folded, exported and sampled once per session: several modules read it."""
     return example_vit_onnx(tmp_path_factory.mktemp("vit_onnx"))
+
+
+@pytest.fixture(scope="module")
+def vit_onnx(_example_vit: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The bundled trained UN ViT folded: ``fp32[target]`` its fp32 ONNX file for a target
+    (exported on first use, shared by the session's modules), ``calibration`` and
+    ``evaluation`` samples of its own data, and ``dir`` a directory for the module's own files
+    (tests/builders.py, ``example_vit_onnx``)."""
+    return {**_example_vit, "dir": tmp_path_factory.mktemp("vit_module")}
 
 
 @pytest.fixture(scope="module")
