@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from sqlalchemy import select
 
 from quant.report import Report
@@ -67,9 +68,12 @@ def one_process_conversion(out: Path) -> Report:
     return Report.read(out / "report.json")
 
 
+@pytest.mark.slow  # 1-2.5 min on 2 cores; benchmarks/celery_fanout.py checks the same on 4 targets
 def test_a_jobs_targets_build_at_once_on_two_workers_as_one_process_builds_them(
     shared_cluster, tmp_path
 ):
+    """Both targets build at the same moment, each on a worker of its own, and the report and
+    artifacts are a one-process conversion's."""
     cluster = shared_cluster
     with cluster.client(cluster.token()) as client:
         job_id = upload_fast(client, targets=TARGETS).json()["id"]
