@@ -28,6 +28,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX
 
 from .data import Samples, feed_for
+from .deadline import check as check_deadline
 
 BATCH = 32  # samples per run for a model without a fixed batch
 
@@ -71,7 +72,8 @@ def correct_biases(model: onnx.ModelProto, fp32: onnx.ModelProto, samples: Sampl
     """Correct, in place, every int32 bias of the QDQ ``model`` (``bias_sites``) by its output
     channel's mean error against ``fp32`` (the graph it was quantized from) on ``samples``;
     returns how many biases were corrected. One pass of the fp32 model, then one of the int8
-    model per bias, in the exact arithmetic (graph optimizations off, as the drift is measured)."""
+    model per bias, in the exact arithmetic (graph optimizations off, as the drift is measured).
+    Raises quant.deadline.SearchStopped between two passes once a watched deadline passed."""
     tensors = {out for node in fp32.graph.node for out in node.output}
     sites = bias_sites(model, tensors)
     if not sites:
@@ -80,6 +82,7 @@ def correct_biases(model: onnx.ModelProto, fp32: onnx.ModelProto, samples: Sampl
     fp32_means = channel_means(fp32, targets, samples)
     initializers = {init.name: init for init in model.graph.initializer}
     for site in sites:
+        check_deadline()  # one pass of the calibration data per bias: a search may stop here
         int8_mean = channel_means(model, {site.output: site.channel_axis}, samples)[site.output]
         error = int8_mean - fp32_means[site.reference]
         bias = initializers[site.bias]

@@ -152,7 +152,10 @@ def tensor_sqnr(fp32_path: Path, int8_path: Path, samples: Samples) -> list[Tens
         TensorError(name, ops[name], sqnr_of_sums(*total[:2]), sqnr_of_sums(*total[2:]))
         for name, total in sums.items()
     ]
-    return sorted(found, key=lambda e: e.sqnr_db)
+    # ties (a Reshape and the Transpose after it carry the same values) by name: the order of
+    # the tensors a run returns depends on the process's string hashing, and the report (and
+    # the drift fallback's ranking) must be the same in every process
+    return sorted(found, key=lambda e: (e.sqnr_db, e.name))
 
 
 def _matched(
@@ -160,7 +163,7 @@ def _matched(
 ) -> dict[str, tuple[str, str, str]]:
     """Activation -> (its fp32 tensor, its int8 tensor before Q/DQ, after), by ORT's own naming
     rules: ``create_activation_matching`` pairs whatever values it is given, so it is given the
-    tensor names (in the int8 model's output order, which the final sort keeps for ties)."""
+    tensor names."""
     matching = create_activation_matching({n: n for n in int8}, {n: n for n in fp32})
     return {
         name: (match["float"], match["pre_qdq"], match["post_qdq"])

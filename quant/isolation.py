@@ -33,8 +33,9 @@ from converters.progress import ProgressEvent
 
 from . import report as schema
 from .data import Samples
+from .deadline import Deadline
 from .errors import one_line
-from .target_job import TargetJob
+from .target_job import StageCallback, TargetJob
 from .targets import Bars, TargetProfile
 
 # The builder of each kind of target, as "module:function" (imported in the child).
@@ -58,7 +59,8 @@ class _Message(BaseModel):
 
 class BuildOrder(_Message):
     """A :class:`TargetJob` as the child reads it: the samples and the fp32 reference as the
-    files it memory-maps, the builder by name; the stage callback is the pipe."""
+    files it memory-maps, the builder by name, the deadline as a moment; the stage callback is
+    the pipe."""
 
     builder: str  # "module:function"
     profile: TargetProfile
@@ -71,6 +73,7 @@ class BuildOrder(_Message):
     reference: Path  # an .npy file
     latency_runs: int
     shared_dir: Path
+    deadline: float | None = None  # time.time() by which the build must be done (quant.deadline)
 
 
 class SampleFiles(_Message):
@@ -106,74 +109,43 @@ def builder_for(profile: TargetProfile) -> str:
 # -- the pipeline's side ------------------------------------------------------------------------
 
 
-class IsolatedBuilds:
-    """Runs target builders in child processes; the samples every target shares are written
-    once into ``scratch`` (a directory the caller removes)."""
-
-    def __init__(self, scratch: Path, calibration: Samples, evaluation: Samples) -> None:
-        self.scratch = scratch
-        self.samples = {"calibration": calibration, "evaluation": evaluation}
-        for part, samples in self.samples.items():
-            save_samples(samples, scratch / part)
-        self.references: dict[Path, Path] = {}
-
-    def build(self, builder: str, job: TargetJob) -> schema.TargetResult:
-        """``builder(job)`` in a child process; TargetFailed for an error it reported or a
-        crash (the log of a crash is kept as ``target_dir/build.log``)."""
-        job_dir = self.scratch / job.profile.name
-        job_dir.mkdir(exist_ok=True)
-        (job_dir / ORDER_NAME).write_text(self._order(builder, job).model_dump_json())
-        log = job_dir / LOG_NAME
-        read_end, write_end = os.pipe()
-        with log.open("wb") as log_stream:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "quant.isolation", str(job_dir), str(write_end)],
-                stdin=subprocess.DEVNULL, stdout=log_stream, stderr=subprocess.STDOUT,
-                pass_fds=(write_end,),
-            )  # fmt: skip
-        os.close(write_end)
-        last_stage, outcome = "start", None
-        with os.fdopen(read_end, "r") as lines:
-            for line in lines:
-                message = MESSAGES.validate_json(line)
-                if isinstance(message, StageReached):
-                    event = message.event
-                    last_stage = event.label
-                    job.stage(event.stage, event.fraction, event.detail)
-                else:
-                    outcome = message
-        code = process.wait()
-        if isinstance(outcome, Built):
-            return outcome.result
-        if isinstance(outcome, BuildFailed):
-            raise TargetFailed(outcome.reason)
-        kept = job.target_dir / LOG_NAME
-        kept.write_bytes(log.read_bytes())
-        how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
-        raise TargetFailed(
-            f"the {job.profile.name} build crashed in native code ({how}) during "
-            f"'{last_stage}'; its output is in {kept.relative_to(job.out_dir).as_posix()}"
-        )
-
-    def _order(self, builder: str, job: TargetJob) -> BuildOrder:
-        reference = self.references.get(job.fp32_path)
-        if reference is None:  # one per fp32 export, shared by the targets built from it
-            reference = self.scratch / f"reference-{len(self.references)}.npy"
-            np.save(reference, job.reference)
-            self.references[job.fp32_path] = reference
-        return BuildOrder(
-            builder=builder,
-            profile=job.profile,
-            bars=job.bars,
-            fp32_path=job.fp32_path,
-            target_dir=job.target_dir,
-            out_dir=job.out_dir,
-            calibration=self.scratch / "calibration",
-            evaluation=self.scratch / "evaluation",
-            reference=reference,
-            latency_runs=job.latency_runs,
-            shared_dir=self.scratch / "shared",
-        )
+def build_in_child(order: BuildOrder, job_dir: Path, stage: StageCallback) -> schema.TargetResult:
+    """``order`` built in a child process whose order, log and pipe are in ``job_dir``; each
+    stage it reaches is passed to ``stage``. TargetFailed for an error it reported or a crash
+    (the log of a crash is kept as ``target_dir/build.log``)."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / ORDER_NAME).write_text(order.model_dump_json())
+    log = job_dir / LOG_NAME
+    read_end, write_end = os.pipe()
+    with log.open("wb") as log_stream:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "quant.isolation", str(job_dir), str(write_end)],
+            stdin=subprocess.DEVNULL, stdout=log_stream, stderr=subprocess.STDOUT,
+            pass_fds=(write_end,),
+        )  # fmt: skip
+    os.close(write_end)
+    last_stage, outcome = "start", None
+    with os.fdopen(read_end, "r") as lines:
+        for line in lines:
+            message = MESSAGES.validate_json(line)
+            if isinstance(message, StageReached):
+                event = message.event
+                last_stage = event.label
+                stage(event.stage, event.fraction, event.detail)
+            else:
+                outcome = message
+    code = process.wait()
+    if isinstance(outcome, Built):
+        return outcome.result
+    if isinstance(outcome, BuildFailed):
+        raise TargetFailed(outcome.reason)
+    kept = order.target_dir / LOG_NAME
+    kept.write_bytes(log.read_bytes())
+    how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
+    raise TargetFailed(
+        f"the {order.profile.name} build crashed in native code ({how}) during "
+        f"'{last_stage}'; its output is in {kept.relative_to(order.out_dir).as_posix()}"
+    )
 
 
 def save_samples(samples: Samples, directory: Path) -> None:
@@ -250,6 +222,7 @@ def main(job_dir: str, fd: str) -> int:
                 ),
                 latency_runs=order.latency_runs,
                 shared_dir=order.shared_dir,
+                deadline=Deadline(order.deadline),
             )
             result = _import(order.builder)(job)
         except Exception as error:  # the pipeline reports it as this target's one-line reason

@@ -22,14 +22,17 @@ the accumulated error, which blames the softmax outputs for noise that arises up
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
 from . import report as schema
+from .deadline import SearchStopped, stop_note, watching
 from .drift import Drift, kernel_gap, measure_drift, onnx_runner, tensor_sqnr
 from .latency import onnx_latency, thread_counts
 from .ort_int8 import quantize_onnx
@@ -73,16 +76,34 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
         return measure(exact=True)
 
     trials: list[RecipeTrial] = []
+    stopped: list[str] = []  # why the search stopped before the bars, when time ran out
+    step_s = 0.0  # how long the last quantize-and-measure step took
+
+    def stop(done: str, next_step: str) -> None:
+        stopped.append(stop_note(done, next_step, step_s, job.deadline.left()))
+
     with tempfile.TemporaryDirectory() as scratch:
         missed: list[Path] = []  # each missing recipe's file, in case it is the one kept
         for number, recipe in enumerate(profile.int8_recipes):
-            stage("quantize", 0.1, "ONNX Runtime" if not number else f"int8 recipe {number + 1}")
-            trials.append(RecipeTrial(recipe, quantize_and_measure(recipe, ())))
+            step = f"int8 recipe {number + 1}"
+            if number and not job.deadline.allows(step_s):
+                stop(f"{number} int8 recipe(s)", step)
+                break
+            stage("quantize", 0.1, "ONNX Runtime" if not number else step)
+            started = time.monotonic()
+            try:  # a later recipe's bias correction stops between passes when time is up
+                with watching(job.deadline.less(step_s)) if number else contextlib.nullcontext():
+                    drift = quantize_and_measure(recipe, ())
+            except SearchStopped:
+                stop(f"{number} int8 recipe(s)", step)
+                break
+            step_s = time.monotonic() - started
+            trials.append(RecipeTrial(recipe, drift))
             if trials[-1].drift.within(bars):
                 break
             missed.append(Path(shutil.copy(artifact, Path(scratch) / f"recipe_{number}.onnx")))
         kept = kept_recipe(trials, bars)
-        if kept is not trials[-1]:  # the file on disk is the last one tried
+        if kept is not trials[-1] or stopped:  # on disk: the last one tried, or one cut short
             shutil.copy(missed[trials.index(kept)], artifact)
     profile = kept.profile
     pure = drift = kept.drift
@@ -90,13 +111,18 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
     errors = tensor_sqnr(job.fp32_path, artifact, evaluation)
     int16: tuple[str, ...] = ()
     steps: list[FallbackStep] = []
-    if not drift.within(bars) and profile.fallback != "none":
+    if not drift.within(bars) and profile.fallback != "none" and not stopped:
         ranked = [e.name for e in sorted(errors, key=lambda e: e.own_sqnr_db)]
         count = FIRST_FALLBACK_STEP
         while True:
+            if not job.deadline.allows(step_s):
+                stop(f"{len(steps)} fallback step(s)", f"{count} tensors to int16")
+                break
             stage("fallback", 0.4, f"{count} tensors to int16")
+            started = time.monotonic()
             int16 = tuple(ranked[:count])
             drift = quantize_and_measure(profile, int16)
+            step_s = time.monotonic() - started
             steps.append(FallbackStep(int16, drift))
             if drift.within(bars) or count >= len(ranked):
                 break
@@ -137,7 +163,8 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
         pure_int8_drift=record(pure, [], "exact") if int16 else None,
         host_drift=None if host is None else record(host, [], "onnxruntime"),
         warnings=recipe_warnings(trials, kept)
-        + ([] if host is None else kernel_warnings(drift, host)),
+        + ([] if host is None else kernel_warnings(drift, host))
+        + stopped,
         latency=[
             latency_record(onnx_latency(artifact, sample, t, job.latency_runs), "onnxruntime", name)
             for t in thread_counts()

@@ -1,67 +1,45 @@
 """The one conversion pipeline: load, fold, export per target, quantize, compile, measure, report.
 
-``convert`` is what ``edge-un convert`` and the HTTP service both run. It builds on the fp32
-conversion in :mod:`converters.pipeline` (one load and one fold, then one ONNX export per
-distinct opset/batch the targets need), writes every artifact plus ``report.json`` and
-``report.md`` into ``out_dir``, and reports progress as :class:`~converters.ProgressEvent`
-values, each stage of a target's build tagged with the target.
+``convert`` is what ``edge-un convert`` and the HTTP service both run. It is three kinds of
+step, which also run one by one, in other processes or on other machines that share the job's
+directories (the service's Celery workers): :func:`~quant.prepare.prepare` (one load and one
+fold, then one ONNX export per distinct opset/batch the targets need, on the fp32 conversion of
+:mod:`converters.pipeline`), :func:`build_target` for each target (in a child process of its
+own, ``quant.isolation``), and :func:`assemble`, which writes ``report.json`` and ``report.md``
+beside the artifacts in ``out_dir``. ``convert`` is exactly these steps in a row, so a report
+and its artifacts are the same however the steps were spread. Progress comes as
+:class:`~converters.ProgressEvent` values, each stage of a target's build tagged with the
+target; the conversion's own fraction is the sum of its targets' (:func:`job_fraction`).
 A target that fails (a converter crash, a rule its file breaks) is reported as failed with its
 one-line reason; the other targets still complete (``Report.outcome`` says how it ended).
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
-
 import edge_un
-from converters.attention_masks import bound_attention_masks
-from converters.pipeline import FoldedSource, export_folded, load_and_fold
 from converters.progress import Progress, ProgressEvent, ignore_progress
 from converters.source import ModelSource
 
 from . import report as schema
-from .data import (
-    CALIBRATION_SAMPLES,
-    MIN_CALIBRATION_SAMPLES,
-    MIN_EVALUATION_SAMPLES,
-    InputSpec,
-    Samples,
-    checkpoint_samples,
-    load_npz,
-)
-from .drift import onnx_runner
-from .errors import DataFileError, QuantError, one_line
+from .errors import one_line
 from .host import describe_host
-from .isolation import IsolatedBuilds, builder_for
-from .ort_int8 import static_batch
-from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
+from .isolation import BuildOrder, build_in_child, builder_for
+from .job_files import Prepared, TargetPart, host_notes, load_part, save_part
+from .prepare import prepare
 from .records import artifact_record
 from .summary import summary_markdown
-from .target_job import Bars, StageCallback, TargetJob
-from .targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TargetProfile
+from .targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, Bars, TargetProfile, get_profile
 
-
-@dataclass(frozen=True)
-class Export:
-    """One fp32 folded ONNX file and its outputs on the evaluation data."""
-
-    path: Path
-    opset: int
-    static_batch: bool
-    reference: np.ndarray
-    rewrites: tuple[str, ...]  # what was changed in the exported graph for int8, one line each
-    batch: int | None  # the file's fixed batch size; None: dynamic
-
-    def note(self) -> str:
-        batch = "dynamic batch" if self.batch is None else f"static batch {self.batch}"
-        return f"fp32 folded model exported at opset {self.opset}, {batch}: {self.path.name}"
+# The conversion's progress: what comes before the targets' builds, and where they end.
+TARGETS_FROM, TARGETS_TO = 0.05, 0.95
+# Why a target has no part when the caller gives no reason (its build never ended).
+UNFINISHED = "its build did not finish"
 
 
 def convert(
@@ -78,6 +56,7 @@ def convert(
     allow_online: bool = False,
     latency_runs: int = 100,
     recalibrate_batches: int = 0,
+    deadline: float | None = None,
 ) -> schema.Report:
     """Convert ``model`` for ``targets`` (default: every profile) into ``out_dir``. A path is
     read in the format its name says; the service passes the :class:`ModelSource` its upload
@@ -89,113 +68,114 @@ def convert(
     recomputes every offline norm's inference statistics over that many batches of the
     calibration data (``calib``, else the checkpoint's training split) with
     :func:`edge_un.recalibrate`, then folds; the report's ``recalibration`` says how it went.
+    ``deadline`` (``time.time()``; None: none) is when every target's build must be done: a
+    search for a file within the bars that cannot finish by then ships its best file so far.
     """
     say = progress or ignore_progress
-    if isinstance(targets, str):
-        raise QuantError(
-            f"targets are profiles, not a string: quant.targets.parse_targets({targets!r})"
-        )
-    profiles = tuple(PROFILES.values()) if targets is None else tuple(dict.fromkeys(targets))
-    if not profiles:
-        raise QuantError("no targets to build: name at least one")
-    if max_drift < 0:
-        raise QuantError(f"max_drift must be >= 0 points, got {max_drift}")
-    if recalibrate_batches < 0:
-        raise QuantError(f"recalibrate_batches must be >= 0, got {recalibrate_batches}")
-    out_dir = Path(out_dir).resolve()  # artifact names are relative to it, tools return absolute
-    say(ProgressEvent("load", 0.01))
-    folded = load_and_fold(model, config=config, allow_online=allow_online)
-    if recalibrate_batches:
-        check_recalibratable(folded)
-    specs = _input_specs(folded)
-    calibration = _samples(calib, folded, specs, "calibration")
-    evaluation = _samples(eval, folded, specs, "evaluation")
-    recalibration = None
-    if recalibrate_batches:
-        say(ProgressEvent("recalibrate", 0.03))
-        data = calibration if calib is not None else None  # None: the checkpoint's train split
-        folded, recalibration = recalibrate_and_fold(
-            folded, data, evaluation, recalibrate_batches, allow_online
-        )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    bars = Bars(max_drift, min_agreement)
-    exports: dict[tuple[int, bool], Export] = {}
-    reports: dict[str, schema.TargetReport] = {}
-    with tempfile.TemporaryDirectory(prefix="edge-un-targets-") as scratch:
-        builds = IsolatedBuilds(Path(scratch), calibration, evaluation)
-        for index, profile in enumerate(profiles):
-            span = (0.05 + 0.9 * index / len(profiles), 0.05 + 0.9 * (index + 1) / len(profiles))
+    with tempfile.TemporaryDirectory(prefix="edge-un-work-") as work:
+        prepared = prepare(
+            model, targets, calib, eval, Path(out_dir).resolve(), Path(work),
+            Bars(max_drift, min_agreement), say, config=config, allow_online=allow_online,
+            latency_runs=latency_runs, recalibrate_batches=recalibrate_batches,
+        )  # fmt: skip
+        count = len(prepared.targets)
+        for index, name in enumerate(prepared.targets):
+            build_target(prepared, name, _in_sequence(say, index, count), deadline)
+        return assemble(prepared, progress=say)
 
-            def stage(
-                name: str, fraction: float, detail: str | None = None, target=profile, span=span
-            ) -> None:
-                at = span[0] + (span[1] - span[0]) * fraction
-                say(ProgressEvent(name, at, target=target.name, detail=detail))
 
-            reports[profile.name] = _build_target(
-                profile, folded, exports, out_dir, builds, bars, stage, latency_runs
+def job_fraction(fractions: Sequence[float]) -> float:
+    """The conversion's progress from its targets' (each 0 to 1, their builds' own): the sum
+    of theirs over the span the builds take, whether they run one after another or at once."""
+    share = sum(min(max(f, 0.0), 1.0) for f in fractions) / max(len(fractions), 1)
+    return TARGETS_FROM + (TARGETS_TO - TARGETS_FROM) * share
+
+
+def _in_sequence(say: Progress, index: int, count: int) -> Progress:
+    """A target's events as the conversion's, when the targets are built one after another:
+    those before it done, those after it not started."""
+
+    def target_event(event: ProgressEvent) -> None:
+        done = [1.0] * index + [event.fraction] + [0.0] * (count - index - 1)
+        say(ProgressEvent(event.stage, job_fraction(done), event.target, event.detail))
+
+    return target_event
+
+
+def build_target(
+    prepared: Prepared, name: str, progress: Progress | None = None, deadline: float | None = None
+) -> schema.TargetReport:
+    """Build target ``name`` of a prepared conversion in a process of its own, and leave its
+    part for :func:`assemble`; any failure, a native crash included, fails this target only,
+    with its one-line reason. Each stage is reported with the fraction of this target's own
+    build. A build run again (its first run was lost) starts from an empty directory."""
+    say = progress or ignore_progress
+    profile = get_profile(name)
+    target_dir = prepared.out_dir / name
+    shutil.rmtree(target_dir, ignore_errors=True)
+    target_dir.mkdir(parents=True)
+
+    def stage(stage_name: str, fraction: float, detail: str | None = None) -> None:
+        say(ProgressEvent(stage_name, fraction, target=name, detail=detail))
+
+    export = prepared.export_of(profile)
+    if isinstance(export, str):  # its fp32 export failed
+        report = target_report(profile, schema.TargetResult(), error=export)
+    else:
+        order = BuildOrder(
+            builder=builder_for(profile), profile=profile, bars=prepared.bars,
+            fp32_path=export.path, target_dir=target_dir, out_dir=prepared.out_dir,
+            calibration=prepared.calibration_dir, evaluation=prepared.evaluation_dir,
+            reference=export.reference, latency_runs=prepared.latency_runs,
+            shared_dir=prepared.work_dir / "shared", deadline=deadline,
+        )  # fmt: skip
+        try:
+            result = build_in_child(order, prepared.work_dir / "builds" / name, stage)
+        except (ValueError, RuntimeError, OSError) as error:  # TargetFailed is a RuntimeError
+            report = target_report(profile, schema.TargetResult(), error=one_line(error))
+        else:
+            source = artifact_record(
+                export.path, prepared.out_dir, "onnx", "folded fp32 ONNX it was quantized from"
             )
+            result = result.model_copy(update={"artifacts": [*result.artifacts, source]})
+            report = target_report(profile, result)
+    save_part(prepared, TargetPart(report=report, host=describe_host()))
+    return report
+
+
+def assemble(
+    prepared: Prepared, failures: Mapping[str, str] | None = None, progress: Progress | None = None
+) -> schema.Report:
+    """The report of a prepared conversion from its targets' parts, written as ``report.json``
+    and ``report.md`` in its output directory. A target without a part failed: with the reason
+    ``failures`` gives for it (e.g. its worker was lost every time), else :data:`UNFINISHED`."""
+    say = progress or ignore_progress
     say(ProgressEvent("report", 0.97))
-    reference, reference_note = _reference(folded, exports, out_dir, evaluation)
+    reports: dict[str, schema.TargetReport] = {}
+    hosts: dict[str, schema.Host] = {}
+    for profile in prepared.profiles():
+        part = load_part(prepared, profile.name)
+        if part is None:
+            reason = (failures or {}).get(profile.name, UNFINISHED)
+            reports[profile.name] = target_report(profile, schema.TargetResult(), error=reason)
+        else:
+            reports[profile.name], hosts[profile.name] = part.report, part.host
     result = schema.Report(
         edge_un_version=edge_un.__version__,
-        model=_model_info(folded, specs),
-        fold=folded.fold.as_dict(),
-        reference=schema.Reference(
-            top1_fp32=_top1(reference, evaluation.labels),
-            samples=len(evaluation),
-            eval_source=evaluation.source,
-            calibration_source=calibration.source,
-            calibration_samples=len(calibration),
-        ),
-        max_drift_pts=bars.max_drop_pts,
-        min_agreement=bars.min_agreement,
+        model=prepared.model,
+        fold=prepared.fold,
+        reference=prepared.reference,
+        max_drift_pts=prepared.bars.max_drop_pts,
+        min_agreement=prepared.bars.min_agreement,
         targets=reports,
-        notes=list(folded.fold.notes)
-        + [export.note() for export in exports.values()]
-        + list(dict.fromkeys(line for e in exports.values() for line in e.rewrites))
-        + ([recalibration_note(recalibration, recalibrate_batches)] if recalibration else [])
-        + ([reference_note] if reference_note else []),
-        recalibration=recalibration,
-        host=describe_host(),
+        notes=prepared.notes + host_notes(hosts),
+        recalibration=prepared.recalibration,
+        host=next(iter(hosts.values()), None) or describe_host(),
     )
-    result.write(out_dir / schema.REPORT_FILE)
-    (out_dir / schema.SUMMARY_FILE).write_text(summary_markdown(result))
+    result.write(prepared.out_dir / schema.REPORT_FILE)
+    (prepared.out_dir / schema.SUMMARY_FILE).write_text(summary_markdown(result))
     say(ProgressEvent("done", 1.0))
     return result
-
-
-def _build_target(
-    profile: TargetProfile,
-    folded: FoldedSource,
-    exports: dict[tuple[int, bool], Export],
-    out_dir: Path,
-    builds: IsolatedBuilds,
-    bars: Bars,
-    stage: StageCallback,
-    latency_runs: int,
-) -> schema.TargetReport:
-    """Export the fp32 file the target needs (once per opset and batch), then build the
-    target in a process of its own; any failure, a native crash included, fails this target
-    only, with its one-line reason."""
-    target_dir = out_dir / profile.name
-    target_dir.mkdir(exist_ok=True)
-    try:
-        stage("export", 0.0)
-        key = (profile.opset, profile.static_batch)
-        if key not in exports:
-            exports[key] = _export(folded, out_dir, *key, builds.samples["evaluation"])
-        export = exports[key]
-        job = TargetJob(
-            profile, export.path, target_dir, out_dir, builds.samples["calibration"],
-            builds.samples["evaluation"], export.reference, bars, stage, latency_runs,
-        )  # fmt: skip
-        result = builds.build(builder_for(profile), job)
-    except (ValueError, RuntimeError, OSError) as error:  # Quant/ConversionError are ValueErrors
-        return target_report(profile, schema.TargetResult(), error=one_line(error))
-    source = artifact_record(export.path, out_dir, "onnx", "folded fp32 ONNX it was quantized from")
-    result = result.model_copy(update={"artifacts": [*result.artifacts, source]})
-    return target_report(profile, result)
 
 
 def target_report(
@@ -210,98 +190,3 @@ def target_report(
     header = {key: getattr(profile, key) for key in ("name", "board", "runtime", "opset")}
     rules = list(profile.rules)
     return schema.TargetReport(**header, rules=rules, status=status, error=error, **dict(result))
-
-
-def _reference(
-    folded: FoldedSource,
-    exports: dict[tuple[int, bool], Export],
-    out_dir: Path,
-    evaluation: Samples,
-) -> tuple[np.ndarray | None, str | None]:
-    """fp32 outputs on the evaluation data, from any export (all of them agree to ~1e-5), and
-    a note when there is none: every target failed before exporting and exporting once more
-    fails too (each target's own reason is in its report)."""
-    if not exports:
-        try:
-            exports[(18, False)] = _export(folded, out_dir, 18, False, evaluation)
-        except (ValueError, RuntimeError, OSError) as error:
-            return None, f"no fp32 reference: the fp32 export failed ({one_line(error)})"
-    return next(iter(exports.values())).reference, None
-
-
-def _export(
-    folded: FoldedSource, out_dir: Path, opset: int, static: bool, evaluation: Samples
-) -> Export:
-    fp32_dir = out_dir / "fp32"
-    fp32_dir.mkdir(exist_ok=True)
-    exported = fp32_dir / f"model_opset{opset}.onnx"
-    export_folded(folded, exported, opset=opset, dynamic_batch=not static)
-    proto = onnx.load(str(exported))
-    # float32-min attention masks would take all of int8's range (converters.attention_masks);
-    # the reference is of the rewritten file, which the fp32 model matches to e^-30
-    rewrites = bound_attention_masks(proto)
-    batch = static_batch(proto)  # a source with static shapes keeps its batch size
-    path = fp32_dir / f"model_opset{opset}_{'dynamic' if batch is None else f'b{batch}'}.onnx"
-    onnx.save_model(proto, str(path))
-    exported.unlink()
-    onnx.checker.check_model(str(path), full_check=True)
-    reference = onnx_runner(path)(evaluation.feeds)
-    return Export(path, opset, static, reference, tuple(rewrites.lines()), batch)
-
-
-def _input_specs(folded: FoldedSource) -> tuple[InputSpec, ...]:
-    """Each model input: its name, one sample's shape (-1 where the file leaves it open), dtype."""
-    if folded.is_onnx:
-        values = {v.name: v.type.tensor_type for v in folded.folded.graph.input}
-        specs = []
-        for name in folded.input_names:
-            dims = [d.dim_value if d.dim_value > 0 else -1 for d in values[name].shape.dim]
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(values[name].elem_type)
-            specs.append(InputSpec(name, tuple(dims[1:]), np.dtype(dtype).name))
-        return tuple(specs)
-    return tuple(
-        InputSpec(name, tuple(example.shape[1:]), str(example.numpy().dtype))
-        for name, example in zip(folded.input_names, folded.example, strict=True)
-    )
-
-
-def _samples(
-    path: str | Path | None, folded: FoldedSource, specs: tuple[InputSpec, ...], purpose: str
-) -> Samples:
-    calibrating = purpose == "calibration"
-    if path is not None:
-        minimum = MIN_CALIBRATION_SAMPLES if calibrating else MIN_EVALUATION_SAMPLES
-        return load_npz(path, specs, purpose=purpose, minimum=minimum)
-    if folded.info is None or "dataset" not in folded.info.metadata:
-        flag = "--calib" if calibrating else "--eval"
-        arrays = ", ".join(f"'{spec.name}'" for spec in specs)
-        raise DataFileError(
-            f"{folded.source.path.name} records no data set: give {purpose} data as an .npz "
-            f"({flag} F.npz with {arrays} and optional 'labels')"
-        )
-    if calibrating:
-        return checkpoint_samples(folded.info, "train", CALIBRATION_SAMPLES, specs)
-    return checkpoint_samples(folded.info, "test", specs=specs)
-
-
-def _model_info(folded: FoldedSource, specs: tuple[InputSpec, ...]) -> schema.ModelInfo:
-    parameters = None
-    if folded.model is not None and hasattr(folded.model, "parameters"):
-        parameters = sum(p.numel() for p in folded.model.parameters())
-    return schema.ModelInfo(
-        name=folded.source.display_name,
-        source_format=folded.source.format,
-        parameters=parameters,
-        input_shape=list(specs[0].shape),
-        input_dtype=specs[0].dtype,
-        inputs=[
-            schema.ModelInput(name=spec.name, shape=list(spec.shape), dtype=spec.dtype)
-            for spec in specs
-        ],
-    )
-
-
-def _top1(logits: np.ndarray | None, labels: np.ndarray | None) -> float | None:
-    if logits is None or labels is None:
-        return None
-    return float((logits.argmax(-1) == labels).mean())

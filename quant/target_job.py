@@ -9,6 +9,7 @@ from typing import Protocol
 import numpy as np
 
 from .data import Samples
+from .deadline import NO_DEADLINE, Deadline
 from .targets import Bars, TargetProfile
 
 __all__ = ["Bars", "StageCallback", "TargetJob"]
@@ -25,7 +26,8 @@ class StageCallback(Protocol):
 class TargetJob:
     """Build ``profile``'s artifacts from the folded fp32 ONNX file into ``target_dir``, naming
     them relative to ``out_dir``, measured against ``reference`` (the fp32 outputs on
-    ``evaluation``); ``stage`` reports progress within the target."""
+    ``evaluation``); ``stage`` reports progress within the target; its search for a file
+    within the bars stops in time for ``deadline`` (quant.deadline)."""
 
     profile: TargetProfile
     fp32_path: Path
@@ -38,3 +40,4 @@ class TargetJob:
     stage: StageCallback
     latency_runs: int
     shared_dir: Path | None = None
+    deadline: Deadline = NO_DEADLINE

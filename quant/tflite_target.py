@@ -8,7 +8,9 @@ fallback is one step, costed in Vela cycles and in the ops Vela then leaves to t
 
 from __future__ import annotations
 
+import fcntl
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import onnx
 
 from . import report as schema
 from .data import Samples
+from .deadline import stop_note
 from .drift import Drift, measure_drift
 from .latency import thread_counts
 from .litert import (
@@ -52,10 +55,16 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     int8 = _keep(converted.int8, target_dir / "model_int8.tflite")
     check_full_integer(inspect_tflite(int8), io_dtype="int8")
     stage("drift", 0.45, "LiteRT")
+    started = time.monotonic()
     pure = _drift(int8, job.reference, evaluation)
-    shipped, drift, excluded, vela_pure = int8, pure, [], None
+    step_s = time.monotonic() - started  # the 16x8 file's drift: the same runs, at least as long
+    shipped, drift, excluded, vela_pure, stopped = int8, pure, [], None, []
     over_bar = not pure.within(bars)
-    if over_bar and profile.fallback == "int16_model" and converted.int16x8 is not None:
+    fallback = profile.fallback == "int16_model" and converted.int16x8 is not None
+    if over_bar and fallback and not job.deadline.allows(step_s):
+        left = job.deadline.left()
+        stopped.append(stop_note("the pure int8 file", "the 16x8 file's drift", step_s, left))
+    elif over_bar and fallback:
         wide_file = _keep(converted.int16x8, target_dir / "model_16x8.tflite")
         check_full_integer(inspect_tflite(wide_file), io_dtype=None)
         wide = _drift(wide_file, job.reference, evaluation)
@@ -125,6 +134,7 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
             else []
         ),
         excluded=excluded,
+        warnings=stopped,
         vela=vela_record,
         vela_pure_int8=vela_pure_record,
     )
@@ -169,15 +179,22 @@ def fallback_sources(
 def _converted(job: TargetJob, work: Path) -> TfliteArtifacts:
     """onnx2tf and TensorFlow's converter, once per fp32 file and conversion: every TFLite
     target takes the same files from the same calibration data (their rules apply after), so
-    the second target copies the first one's (the slowest step, ~15-20 s for a small ViT)."""
+    the second target copies the first one's (the slowest step, ~15-20 s for a small ViT).
+    Targets of one job may build at once (on Celery workers sharing the job's directory): the
+    first takes a lock on the file system and converts, the others wait for it and copy; a
+    build killed while converting releases the lock and leaves no record, so the next one
+    converts again."""
     if job.shared_dir is None:
         return convert_tflite(job.fp32_path, job.calibration.feeds, work)
     cached = job.shared_dir / "tflite" / job.fp32_path.stem
     record = cached / "artifacts.json"
-    if not record.is_file():
-        record.parent.mkdir(parents=True, exist_ok=True)
-        converted = convert_tflite(job.fp32_path, job.calibration.feeds, cached)
-        record.write_text(converted.to_json())
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with (cached.parent / f"{cached.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if not record.is_file():
+            shutil.rmtree(cached, ignore_errors=True)  # what a killed conversion left
+            converted = convert_tflite(job.fp32_path, job.calibration.feeds, cached)
+            record.write_text(converted.to_json())
     shutil.copytree(cached, work, dirs_exist_ok=True)
     return TfliteArtifacts.from_json(record.read_text(), work)
 

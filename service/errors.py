@@ -20,14 +20,18 @@ class Refusal(Enum):
     CONFLICT = "conflict"  # the job is not in a state that allows it
     FORBIDDEN = "forbidden"  # a form that does not come from the service's own page
     NOT_SATISFIABLE = "not satisfiable"  # a byte range outside the file asked for
+    TOO_MANY = "too many"  # over a limit that time lifts: ask again after ``retry_after``
 
 
 class Refused(Exception):
-    def __init__(self, kind: Refusal, title: str, detail: str) -> None:
+    def __init__(
+        self, kind: Refusal, title: str, detail: str, retry_after: int | None = None
+    ) -> None:
         super().__init__(detail)
         self.kind = kind
         self.title = title
         self.detail = detail
+        self.retry_after = retry_after  # seconds after which asking again may be answered
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.kind.name}, {self.title!r}, {self.detail!r})"

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from sqlalchemy import ColumnElement, delete, func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, delete, func, or_, select, update
+from sqlalchemy.orm import Session, aliased
 
 from converters.progress import ProgressEvent
 from converters.source import ModelFormat
 
-from .db import Job, JobStage
+from .db import Job, JobStage, JobTarget
 from .db.models import utcnow
 from .job_states import FINISHED, STATES, TRANSITIONS, State, stage_label
 
@@ -111,15 +111,30 @@ def _move(
     return result.rowcount == 1
 
 
-def claim_next(session: Session) -> Claim | None:
-    """Take the oldest queued job (FIFO); None if there is none or another claimer won it."""
-    oldest = (
-        select(Job.seq).where(Job.state == "queued").order_by(Job.seq).limit(1).scalar_subquery()
+def _fair_order() -> tuple[ColumnElement, ...]:
+    """The order queued jobs start in: round robin between tokens (the token whose last job
+    started longest ago first, one that never started any before all), each token's own jobs
+    first come, first served. One token's 50 queued jobs then delay another's one job by at
+    most one job, never by all 50."""
+    other = aliased(Job)
+    last_start = (
+        select(func.max(other.started_at))
+        .where(other.token_id.is_not_distinct_from(Job.token_id))
+        .scalar_subquery()
     )
+    return last_start.asc().nulls_first(), Job.seq.asc()
+
+
+def claim_next(session: Session, phase: str | None = None) -> Claim | None:
+    """Take the next queued job in the fair order (``_fair_order``); None if there is none or
+    another claimer won it. ``phase``: Celery mode's first step of the run (``PREPARE``)."""
+    fairest = (
+        select(Job.seq).where(Job.state == "queued").order_by(*_fair_order()).limit(1)
+    ).scalar_subquery()
     now = utcnow()
     result = session.execute(
         update(Job)
-        .where(Job.seq == oldest, Job.state == "queued")
+        .where(Job.seq == fairest, Job.state == "queued")
         .values(
             state="running",
             attempts=Job.attempts + 1,
@@ -130,11 +145,19 @@ def claim_next(session: Session) -> Claim | None:
             stage_detail=None,
             percent=0.0,
             pid=None,
+            heartbeat_at=now,
+            phase=phase,
         )
         .returning(Job.id, Job.attempts)
     )
     row = result.first()
     return None if row is None else Claim(row[0], row[1])
+
+
+def queued_count(session: Session, token_id: int | None) -> int:
+    """How many of a token's jobs wait to start (its queue, which EDGE_UN_MAX_QUEUED limits)."""
+    mine = select(func.count()).select_from(Job).where(Job.state == "queued", _owned_by(token_id))
+    return session.scalar(mine) or 0
 
 
 def set_pid(session: Session, claim: Claim, pid: int) -> None:
@@ -160,7 +183,6 @@ def progress(session: Session, claim: Claim, event: ProgressEvent) -> bool:
         )
     )
     return result.rowcount == 1
-
 
 
 def record_stages(session: Session, job_id: str, stages: Sequence[tuple[str, float]]) -> None:
@@ -205,6 +227,7 @@ def requeue(session: Session, claim: Claim, *, count_attempt: bool = True) -> bo
         started_at=None,
         heartbeat_at=None,
         dispatched_at=None,
+        phase=None,
     )
 
 
@@ -214,9 +237,13 @@ def cancel(session: Session, job_id: str) -> bool:
 
 
 def remove(session: Session, job_id: str) -> bool:
-    """Delete a finished job's record (its files are the store's to delete)."""
+    """Delete a finished job's record and its targets' (its files are the store's to
+    delete)."""
     result = session.execute(delete(Job).where(Job.id == job_id, Job.state.in_(FINISHED)))
-    return result.rowcount == 1
+    if result.rowcount != 1:
+        return False
+    session.execute(delete(JobTarget).where(JobTarget.job_id == job_id))
+    return True
 
 
 def cancel_or_remove(session: Session, job_id: str) -> Literal["cancelled", "removed"] | None:
@@ -235,6 +262,11 @@ def running(session: Session) -> list[Job]:
 def state_of(session: Session, job_id: str) -> tuple[str, int] | None:
     row = session.execute(select(Job.state, Job.attempts).where(Job.id == job_id)).first()
     return None if row is None else (row[0], row[1])
+
+
+def started_at(session: Session, job_id: str) -> datetime | None:
+    """When the job's current run started (its time limit counts from then)."""
+    return session.scalar(select(Job.started_at).where(Job.id == job_id))
 
 
 def stage_of(session: Session, job_id: str) -> str | None:
@@ -270,11 +302,12 @@ def _requeue_or_fail(
 
 
 # -- Celery mode: claims by id, heartbeats, lost runs, dispatch bookkeeping -----------------
+PREPARE = "prepare"  # a run's first step (Job.phase): load, fold, export, on one worker
 Busy = Literal["busy"]  # running under a live heartbeat: another delivery of the same job
 Gone = Literal["gone"]  # finished, cancelled or deleted: nothing to run
 
 
-def _stale_before(lease_s: float) -> datetime:
+def stale_before(lease_s: float) -> datetime:
     return utcnow() - timedelta(seconds=lease_s)
 
 
@@ -284,14 +317,15 @@ def _last_sign_of_life() -> ColumnElement[datetime]:
 
 
 def claim(session: Session, job_id: str, lease_s: float, max_attempts: int) -> Claim | Busy | Gone:
-    """Take job ``job_id`` to run it: a queued job, or a running one whose run went silent for
-    longer than ``lease_s`` (its worker died: take it over as the next attempt, or fail it once
-    it used ``max_attempts``). Every branch is one conditional UPDATE: two deliveries of the same
-    job cannot both win."""
+    """Take job ``job_id`` to run it: a queued job, or a running one whose first step (Celery
+    mode's "prepare") went silent for longer than ``lease_s`` (its worker died: take it over as
+    the next attempt, or fail it once it used ``max_attempts``); a run whose targets build has
+    steps of their own to recover (``service.job_targets``). Every branch is one conditional
+    UPDATE: two deliveries of the same job cannot both win."""
     now = utcnow()
     start = {"attempts": Job.attempts + 1, "started_at": now, "heartbeat_at": now,
              "updated_at": now, "stage": "starting", "target": None, "stage_detail": None,
-             "percent": 0.0, "pid": None}  # fmt: skip
+             "percent": 0.0, "pid": None, "phase": PREPARE}  # fmt: skip
     taken = session.execute(
         update(Job).where(Job.id == job_id, Job.state == "queued")
         .values(state="running", **start).returning(Job.attempts)
@@ -299,25 +333,25 @@ def claim(session: Session, job_id: str, lease_s: float, max_attempts: int) -> C
     if taken is not None:
         return Claim(job_id, taken[0])
     row = session.execute(
-        select(Job.state, Job.attempts, _last_sign_of_life()).where(Job.id == job_id)
+        select(Job.state, Job.attempts, _last_sign_of_life(), Job.phase).where(Job.id == job_id)
     ).first()
-    if row is None or row[0] != "running":
+    if row is None or row[0] != "running" or row[3] not in (None, PREPARE):
         return "gone"
-    _, attempts, alive_at = row
-    if alive_at is not None and _aware(alive_at) >= _stale_before(lease_s):
+    _, attempts, alive_at, _ = row
+    if alive_at is not None and aware(alive_at) >= stale_before(lease_s):
         return "busy"
     if attempts >= max_attempts:
         _requeue_or_fail(session, [_job(session, job_id)], max_attempts, "its worker was lost")
         return "gone"
     taken = session.execute(
         update(Job).where(Job.id == job_id, Job.state == "running", Job.attempts == attempts,
-                          _last_sign_of_life() < _stale_before(lease_s))
+                          _last_sign_of_life() < stale_before(lease_s))
         .values(**start).returning(Job.attempts)
     ).first()  # fmt: skip
     return "busy" if taken is None else Claim(job_id, taken[0])
 
 
-def _aware(moment: datetime) -> datetime:
+def aware(moment: datetime) -> datetime:
     """A timestamp read through a SQL expression may come back without its (UTC) zone."""
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
@@ -342,7 +376,11 @@ def recover_lost(
     """Running jobs silent for longer than the lease (their worker died, and no redelivery
     took them over): queue them again, or fail them after ``max_attempts``."""
     silent = session.scalars(
-        select(Job).where(Job.state == "running", _last_sign_of_life() < _stale_before(lease_s))
+        select(Job).where(
+            Job.state == "running",
+            _last_sign_of_life() < stale_before(lease_s),
+            or_(Job.phase.is_(None), Job.phase == PREPARE),  # later steps beat elsewhere
+        )
     )
     return _requeue_or_fail(session, list(silent), max_attempts, "its worker was lost")
 

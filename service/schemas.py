@@ -43,7 +43,10 @@ class JobOut(BaseModel):
     targets: list[str] = Field(description="the targets it builds (every one unless named)")
     max_drift: float
     inputs: Inputs
-    attempts: int = Field(description="runs started (a server crash may interrupt a run)")
+    attempts: int = Field(
+        description="runs started (a server crash or a lost worker may interrupt a run); a "
+        "target built again alone, its worker lost, counts its own runs"
+    )
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -78,7 +81,7 @@ class JobOut(BaseModel):
                 eval=job.eval_label,
                 bytes=job.upload_bytes,
             ),
-            attempts=job.attempts,
+            attempts=max(job.attempts, job.target_attempts or 0),
             created_at=job.created_at,
             started_at=job.started_at,
             finished_at=job.finished_at,

@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     # ran out at 6144 MB while writing its opset-17 copy (benchmarks/results/hf_scale.md).
     job_memory_mb: int = Field(12288, ge=0)
     max_attempts: int = Field(2, ge=1)  # runs of a job interrupted by a server crash
+    # Jobs one token may have waiting to start; one more is answered 429 with Retry-After.
+    max_queued: int = Field(50, ge=1)
     auth: Literal["tokens", "none"] = "tokens"
     # The address people reach the service at, e.g. https://edge-un.example.com behind a TLS
     # proxy: uvicorn sees the proxy's plain-HTTP request, so the web page's Origin check and

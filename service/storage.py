@@ -46,6 +46,12 @@ class ArtifactStore(ABC):
         """A fresh, empty directory for one run of the pipeline."""
 
     @abstractmethod
+    def work_dir(self, job_id: str, attempt: int) -> Path:
+        """The (created) directory one run's steps hand each other their files in (samples,
+        the prepared record, each target's part): never published. In Celery mode every
+        worker reaches it at the same path."""
+
+    @abstractmethod
     def commit(self, job_id: str, staging: Path) -> list[ArtifactInfo]:
         """Publish a finished run's directory as the job's artifacts, atomically."""
 
@@ -68,7 +74,7 @@ class ArtifactStore(ABC):
 
     @abstractmethod
     def discard_run(self, job_id: str, attempt: int) -> None:
-        """Remove what an unfinished run left in its staging directory."""
+        """Remove what a run left in its staging and work directories."""
 
     @abstractmethod
     def delete_uploads(self, job_id: str) -> None:
@@ -84,9 +90,9 @@ def _fsync_dir(path: Path) -> None:
 
 
 class LocalArtifactStore(ArtifactStore):
-    """``{root}/uploads/{job}/``, ``{root}/artifacts/.staging/{job}-{attempt}/`` and
-    ``{root}/artifacts/{job}/`` (staging shares the file system, so the rename is atomic);
-    bundles being sent in ``{root}/tmp/``."""
+    """``{root}/uploads/{job}/``, ``{root}/artifacts/.staging/{job}-{attempt}/`` (and its
+    ``.work`` beside it) and ``{root}/artifacts/{job}/`` (staging shares the file system, so
+    the rename is atomic); bundles being sent in ``{root}/tmp/``."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root).resolve()
@@ -110,6 +116,11 @@ class LocalArtifactStore(ArtifactStore):
         path = self.staging / f"{self._check_id(job_id)}-{attempt}"
         shutil.rmtree(path, ignore_errors=True)  # a crashed earlier try of this same attempt
         path.mkdir(parents=True)
+        return path
+
+    def work_dir(self, job_id: str, attempt: int) -> Path:
+        path = self.staging / f"{self._check_id(job_id)}-{attempt}.work"
+        path.mkdir(parents=True, exist_ok=True)
         return path
 
     def commit(self, job_id: str, staging: Path) -> list[ArtifactInfo]:
@@ -176,7 +187,9 @@ class LocalArtifactStore(ArtifactStore):
         shutil.rmtree(self.uploads / self._check_id(job_id), ignore_errors=True)
 
     def discard_run(self, job_id: str, attempt: int) -> None:
-        shutil.rmtree(self.staging / f"{self._check_id(job_id)}-{attempt}", ignore_errors=True)
+        run = f"{self._check_id(job_id)}-{attempt}"
+        for name in (run, f"{run}.work"):
+            shutil.rmtree(self.staging / name, ignore_errors=True)
 
 
 def make_store(settings: Settings) -> ArtifactStore:

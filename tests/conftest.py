@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 from edge_un import data
-from testbed.live import QUEUE_MODES, LiveServer, ServiceMode
+from testbed.live import QUEUE_MODES, LiveServer, ServiceMode, fast_job_files
 
 from .builders import example_vit_onnx, trained_small_model
+from .databases import postgres_settings, settings  # noqa: F401  (database fixtures)
 from .servers import missing, postgres_server, redis_server  # noqa: F401  (session fixtures)
 
 CHROMIUM = "/usr/bin/chromium"
@@ -66,6 +67,34 @@ def service_mode(request: pytest.FixtureRequest) -> ServiceMode:
         redis = request.getfixturevalue("redis_server")
         return ServiceMode("celery", postgres, redis)
     return ServiceMode("local")
+
+
+@pytest.fixture(scope="module")
+def celery_mode(postgres_server, redis_server) -> ServiceMode:  # noqa: F811 (session fixtures)
+    """Celery mode alone: PostgreSQL, Redis, ``edge-un worker`` processes."""
+    return ServiceMode("celery", postgres_server, redis_server)
+
+
+def two_workers(mode: ServiceMode, data_dir: Path) -> Iterator[LiveServer]:
+    fast_job_files()  # build the inputs before any clock starts
+    server = mode.server(data_dir, EDGE_UN_WORKERS="2").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, celery_mode: ServiceMode) -> Iterator[LiveServer]:
+    """A Celery-mode API and two workers, stopped after the test (one that kills a worker)."""
+    yield from two_workers(celery_mode, tmp_path / "data")
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(
+    tmp_path_factory: pytest.TempPathFactory, celery_mode: ServiceMode
+) -> Iterator[LiveServer]:
+    """A Celery-mode API and two workers for a module's tests that leave them as they found
+    them (every job ended, both workers alive)."""
+    yield from two_workers(celery_mode, tmp_path_factory.mktemp("cluster") / "data")
 
 
 @pytest.fixture(scope="module")

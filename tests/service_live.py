@@ -60,7 +60,8 @@ def is_problem(response: httpx.Response, status: int) -> dict[str, Any]:
 # fork server or Celery workers, and so the job processes forked from them) carries it. Right
 # after recording a stage, a job process
 # - aborts (SIGABRT, as a failed assertion in a native library does) if the stage is the one
-#   EDGE_UN_TEST_ABORT_AFTER_STAGE names (``abort_hook``);
+#   EDGE_UN_TEST_ABORT_AFTER_STAGE names, alone ("export") or with its target ("tda4vm:
+#   latency") (``abort_hook``);
 # - waits while the file EDGE_UN_TEST_HOLD_WHILE names exists, 10 minutes at most (``hold_hook``):
 #   a test then knows a job is running, and stays running, until it removes the file.
 _HOOK = """\
@@ -79,7 +80,7 @@ if _STAGE or _HOLD:
 
         def _call(self, event):
             _record(self, event)
-            if _STAGE and event.stage == _STAGE:
+            if _STAGE and _STAGE in (event.stage, f"{event.target}: {event.stage}"):
                 os.abort()
             deadline = time.monotonic() + 600
             while _HOLD and os.path.exists(_HOLD) and time.monotonic() < deadline:
@@ -98,7 +99,7 @@ def _hooked(folder: Path, **variables: str) -> dict[str, str]:
 
 def abort_hook(folder: Path, stage: str) -> dict[str, str]:
     """The environment of a server whose job processes abort after recording ``stage`` (a
-    stage's name without its target, e.g. "export")."""
+    stage's name, e.g. "export", or one target's, e.g. "tda4vm: latency")."""
     return _hooked(folder, EDGE_UN_TEST_ABORT_AFTER_STAGE=stage)
 
 

@@ -1,6 +1,8 @@
 """Celery mode at scale, against real servers on 127.0.0.1: PostgreSQL, Redis, the API and two
-``edge-un worker`` processes. Many clients, a worker killed mid-conversion, Redis restarted
-mid-queue and down at submit time: every job completes exactly once, nothing is lost.
+``edge-un worker`` processes. Many clients, a worker killed in the middle of a target (that
+target alone is built again), Redis restarted mid-queue and down at submit time: every job
+completes exactly once, nothing is lost. (One job's targets spread over the workers:
+tests/test_service_fanout.py.)
 
 (The rest of the service suite runs in this mode too, through the ``service_mode`` fixture.)
 """
@@ -16,14 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
+from sqlalchemy import select
 
 from edge_un import examples
 from service import jobs as job_records
-from service.db import session_scope
+from service.db import JobTarget, session_scope
 from testbed.live import (
     ROOT,
     LiveServer,
-    ServiceMode,
     fast_job_files,
     upload,
     upload_fast,
@@ -36,29 +38,25 @@ MODEL = examples.path("vit-mnist-un")
 CLIENTS, JOBS_EACH = 5, 2
 
 
-@pytest.fixture
-def celery_mode(postgres_server, redis_server) -> ServiceMode:
-    return ServiceMode("celery", postgres_server, redis_server)
+PREPARED = re.compile(r"edge_un\.convert\[[\w-]+\] succeeded .*'job (\w+) attempt (\d+) prepared")
+BUILT = re.compile(
+    r"edge_un\.build_target\[[\w-]+\] succeeded .*'job (\w+) attempt \d+ target (\w+) build (\d+)"
+)
 
 
-@pytest.fixture
-def cluster(tmp_path, celery_mode):
-    """The API and two workers, stopped after the test."""
-    fast_job_files()  # build the inputs before any clock starts
-    server = celery_mode.server(tmp_path / "data", EDGE_UN_WORKERS="2").start()
-    yield server
-    server.stop()
-
-
-def runs_by_worker(server: LiveServer, expected: int) -> dict[str, list[tuple[str, int]]]:
-    """(job id, attempt) of every conversion each worker ran to its end, from its log, once
-    ``expected`` runs are there (a worker logs a task's end just after the job recorded it)."""
-    ended = re.compile(r"edge_un\.convert\[(\w+)\] succeeded .*'attempt (\d+) ended")
+def runs_by_worker(
+    server: LiveServer, expected: int, pattern: re.Pattern[str] = PREPARED
+) -> dict[str, list[tuple]]:
+    """What each worker ran to its end, from its log, once ``expected`` of them are there (a
+    worker logs a task's end just after the step recorded it): by default each run of a job
+    it prepared (job id, attempt); with BUILT, each target it built (job id, target, build)."""
     deadline = time.monotonic() + 30
     while True:
         runs = {
-            w.name: [(m[1], int(m[2])) for m in ended.finditer(w.log())] for w in server.workers
-        }
+            w.name: [tuple(int(g) if g.isdigit() else g for g in m.groups())
+                     for m in pattern.finditer(w.log())]
+            for w in server.workers
+        }  # fmt: skip
         if sum(map(len, runs.values())) >= expected or time.monotonic() > deadline:
             return runs
         time.sleep(0.2)
@@ -126,28 +124,52 @@ def test_ten_conversions_from_five_clients_on_two_workers(held_cluster):
     assert all(runs.values()), f"one worker ran nothing: {runs}"
 
 
-def test_worker_killed_mid_conversion_the_other_completes_its_job(cluster):
+def building(server: LiveServer, job_id: str, target: str, timeout: float = 300) -> JobTarget:
+    """The job's target record once its build is under way (a stage recorded, a pid)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with session_scope(server.settings) as session:
+            build = session.scalar(
+                select(JobTarget).where(JobTarget.job_id == job_id, JobTarget.name == target)
+            )
+        if build is not None and build.state == "running" and build.stage and build.pid:
+            return build
+        assert time.monotonic() < deadline, f"{target} of {job_id} not building"
+        time.sleep(0.1)
+
+
+def test_worker_killed_mid_target_the_other_builds_that_target_again(cluster):
+    """A worker killed (kill -9, its pool with it) in the middle of a target: that target is
+    built again on the other worker (its message comes back: acks_late), alone: the job is
+    not prepared again, and the other jobs complete once each."""
     with cluster.client(cluster.token()) as client:
-        # the first runs long enough (a torch export first) to be surely mid-way when killed
+        # its cpu target runs long enough (the int8 ladder on a checkpoint's own data)
         victim = upload(client, MODEL).json()["id"]
         others = [upload_fast(client).json()["id"] for _ in range(3)]
-        wait_for(client, victim, ("running",), stage_not_in=("starting", None, "load"))
-        killed = worker_running(cluster, victim)
+        build = building(cluster, victim, "cpu")
+        killed = next(
+            i for i, w in enumerate(cluster.workers)
+            if w.process.pid == psutil.Process(build.pid).ppid()
+        )  # fmt: skip
         cluster.workers[killed].kill()
         survivor = cluster.workers[1 - killed]
         again = wait_for(client, victim, ("succeeded",), timeout=600)
-        assert again["attempts"] == 2, again
+        assert again["attempts"] == 2, again  # its cpu target ran twice
         finished = [wait_for(client, i, ("succeeded",), timeout=600) for i in others]
         assert all(job["attempts"] == 1 for job in finished)
         listing = client.get("/v1/conversions", params={"limit": 100}).json()
         assert sorted(j["id"] for j in listing["items"]) == sorted([victim, *others])
-    runs = runs_by_worker(cluster, 1 + len(others))
-    assert (victim, 2) in runs[survivor.name], runs  # redelivered to the other worker
-    assert [run for run in runs[cluster.workers[killed].name] if run[0] == victim] == []
-    every_run = [run for worker_runs in runs.values() for run in worker_runs]
-    assert sorted(every_run) == sorted([(victim, 2), *((i, 1) for i in others)])
+    with session_scope(cluster.settings) as session:
+        assert job_records.state_of(session, victim) == ("succeeded", 1)  # prepared once
+    built = runs_by_worker(cluster, 1 + len(others), BUILT)
+    assert (victim, "cpu", 2) in built[survivor.name], built  # built again, on the other
+    assert [b for b in built[cluster.workers[killed].name] if b[0] == victim] == []
+    every_build = sorted(b for runs in built.values() for b in runs)
+    assert every_build == sorted([(victim, "cpu", 2), *((i, "cpu", 1) for i in others)])
+    prepared = [run for runs in runs_by_worker(cluster, 1 + len(others)).values() for run in runs]
+    assert sorted(prepared) == sorted((i, 1) for i in [victim, *others])
     leftovers = list((cluster.data_dir / "artifacts" / ".staging").glob(f"{victim}-*"))
-    assert leftovers == [], "the killed run's staging directory was left behind"
+    assert leftovers == [], "the killed run's staging or work directory was left behind"
 
 
 def test_redis_restarted_mid_queue_and_down_at_submit(cluster, redis_server):

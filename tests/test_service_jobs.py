@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
@@ -27,36 +27,8 @@ from service.db import Base, Job, Token, get_engine, session_scope, upgrade
 from service.db.migrate import alembic_config, downgrade
 from service.settings import Settings
 from service.storage import LocalArtifactStore
-from testbed.servers import PostgresServer
 
 Won = TypeVar("Won")
-
-
-def _postgres_settings(tmp_path, server: PostgresServer) -> Iterator[Settings]:
-    """A migrated fresh database on the session's server, dropped after the test (its pooled
-    connections first, so the drop does not wait on them)."""
-    settings = Settings(data_dir=tmp_path / "data", database_url=server.new_database())
-    upgrade(settings)
-    yield settings
-    get_engine(settings).dispose()
-    server.drop_database(settings.resolved_database_url)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def settings(request, tmp_path) -> Iterator[Settings]:
-    """A migrated database of each kind; the server is started only for the PostgreSQL run."""
-    if request.param == "sqlite":
-        settings = Settings(data_dir=tmp_path / "data")
-        upgrade(settings)
-        yield settings
-        return
-    yield from _postgres_settings(tmp_path, request.getfixturevalue("postgres_server"))
-
-
-@pytest.fixture
-def postgres_settings(tmp_path, postgres_server: PostgresServer) -> Iterator[Settings]:
-    """PostgreSQL only: tests of its row locking, which SQLite (one writer) never exercises."""
-    yield from _postgres_settings(tmp_path, postgres_server)
 
 
 def _queue(settings: Settings, count: int, token_id: int | None = None) -> list[str]:

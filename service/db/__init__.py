@@ -1,13 +1,14 @@
 """Job and token records (SQLAlchemy 2) and their Alembic migrations."""
 
 from .migrate import upgrade
-from .models import Base, Job, JobStage, Token
+from .models import Base, Job, JobStage, JobTarget, Token
 from .session import get_engine, ping, session_factory, session_scope
 
 __all__ = [
     "Base",
     "Job",
     "JobStage",
+    "JobTarget",
     "Token",
     "get_engine",
     "ping",

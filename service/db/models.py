@@ -1,4 +1,5 @@
-"""Database tables: API tokens, conversion jobs and the time each job spent in each stage.
+"""Database tables: API tokens, conversion jobs, their targets (Celery mode) and the time each
+job spent in each stage.
 
 These are storage records, kept apart from the API's pydantic schemas (service.schemas):
 the wire format can change without a migration and the reverse.
@@ -19,6 +20,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -101,10 +103,48 @@ class Job(Base):
     # the API sends one), and when its run last proved alive (a stale beat means a lost worker).
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Celery mode: which step of its run a running job is at: "prepare" (one worker loads,
+    # folds and exports), "targets" (its targets build on any workers, each beating its own
+    # JobTarget record) or "report" (one worker assembles it); None outside Celery mode.
+    phase: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # The most runs one of its targets took (a target is run again alone when its worker was
+    # lost): the API's ``attempts`` is the larger of this and ``attempts``.
+    target_attempts: Mapped[int] = mapped_column(Integer, default=0)
 
     __table_args__ = (
         Index("ix_jobs_state_seq", "state", "seq"),
         Index("ix_jobs_token_seq", "token_id", "seq"),
+    )
+
+
+class JobTarget(Base):
+    """Celery mode: one target of one run of a job, built by any worker. Like a job, it is
+    queued, claimed by one conditional UPDATE, running under a heartbeat (taken over after the
+    lease when its worker died) and ended; its result is a file in the job's work directory
+    (``quant.job_files``), the record only says how far it got. Every write is conditional on
+    its job still running the run (``run``, the job's ``attempts``) it belongs to."""
+
+    __tablename__ = "job_targets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    run: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16), default="queued")  # queued running ended
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    stage: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    stage_detail: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    fraction: Mapped[float] = mapped_column(Float, default=0.0)  # of its own build, 0 to 1
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)  # it ended without a result
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("job_id", "run", "name", name="uq_job_targets_job_run_name"),
+        Index("ix_job_targets_state", "state"),
     )
 
 

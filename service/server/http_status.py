@@ -14,8 +14,14 @@ REFUSAL_STATUS = {
     Refusal.NOT_A_FORM: 415,
     Refusal.NOT_SATISFIABLE: 416,
     Refusal.UNUSABLE: 422,
+    Refusal.TOO_MANY: 429,
 }
 
 
 def status_of(refused: Refused) -> int:
     return REFUSAL_STATUS[refused.kind]
+
+
+def headers_of(refused: Refused) -> dict[str, str]:
+    """The headers a refusal's answer carries: when to ask again, if time lifts it."""
+    return {} if refused.retry_after is None else {"Retry-After": str(refused.retry_after)}

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+from sqlalchemy.orm import Session
 
 from quant.targets import TargetProfile
 
@@ -49,6 +50,9 @@ STORED_NAMES = frozenset([*FILE_FIELDS, HF_DIRECTORY])
 # config and two data files at the limit each; the model's external data counts in this too).
 MAX_REQUEST_FILES = 4
 DRAIN_BYTES = 256 * 1024 * 1024  # after refusing, read this much more so the client sees why
+# A token over its queue (EDGE_UN_MAX_QUEUED) may ask again after this long: a minute frees a
+# place in the queue of a busy service, and polling sooner would only load it.
+RETRY_AFTER_S = 60
 MAX_DRIFT_LIMIT = 100  # top-1 points: all of them
 
 
@@ -253,6 +257,7 @@ async def accept(
     job_id = jobs.new_job_id()
     dest = store.upload_dir(job_id)
     try:
+        await anyio.to_thread.run_sync(_check_queue, settings, token_id)  # before the upload
         form = await receive(MultipartReader(body, boundary), dest, limit, metrics, browser)
         targets = parse_targets(form.texts.get("targets"))
         max_drift = parse_max_drift(form.texts.get("max_drift"))
@@ -304,6 +309,27 @@ async def submit(
     return job
 
 
+def _check_queue(settings: Settings, token_id: int | None) -> None:
+    """Refuse a token whose queue is full (EDGE_UN_MAX_QUEUED): checked before a request's
+    files are read, and again as its job is recorded."""
+    with session_scope(settings) as session:
+        _refuse_if_full(session, settings, token_id)
+
+
+def _refuse_if_full(session: Session, settings: Settings, token_id: int | None) -> None:
+    waiting = jobs.queued_count(session, token_id)
+    if waiting >= settings.max_queued:
+        raise UploadRejected(
+            Refusal.TOO_MANY,
+            "Too many queued jobs",
+            f"this token has {waiting} conversions waiting to start, the most it may have "
+            f"(EDGE_UN_MAX_QUEUED={settings.max_queued}); send this one again once one of them "
+            f"has started (in about {RETRY_AFTER_S} s, Retry-After), or cancel one",
+            retry_after=RETRY_AFTER_S,
+        )
+
+
 def _create(settings: Settings, job_id: str, request: jobs.NewJob) -> Job:
     with session_scope(settings) as session:
+        _refuse_if_full(session, settings, request.token_id)
         return jobs.create(session, job_id, request)

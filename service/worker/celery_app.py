@@ -1,69 +1,40 @@
-"""Celery mode, worker side: the app, its settings, and the task that runs one conversion.
+"""Celery mode, worker side: the app and its settings (the tasks: ``celery_tasks``), and
+``edge-un worker``.
 
-The database is the truth and the broker only a doorbell: a task carries nothing but a job id,
-and everything about the job (state, stage, percent, attempts, outcome) lives in its row. A
-task claims its job with a conditional UPDATE (``jobs.claim``), so a duplicate or late message
-changes nothing. Reliability comes from Celery's standard settings for long tasks: the message
-is acknowledged only after the conversion (``acks_late``), a pool process that dies puts it
-back (``task_reject_on_worker_lost``), a worker takes one message at a time (prefetch 1), and
-each conversion runs in a fresh pool process (``max_tasks_per_child=1``, forked from a worker
-that has already imported the pipeline). The pool process forks the job process itself (what
-the local queue's fork server does) and watches it: the conversion runs under the job's memory
-limit with its output in the job's log (echoed to the worker's output as it comes), and a job
-process killed by a signal fails its job with the reason (``job_process.exit_message``: the
-signal, the peak address space sampled while it ran, the log's last words), instead of
-being taken for a lost worker and run again into the same crash.
-
-A running job's watchdog thread writes a heartbeat every ``heartbeat_s``; a run whose heartbeat
-stops (its worker was killed) is taken over after the lease by the redelivered message or by
-the API's reconciler (``service.worker.celery_queue``), whichever comes first. The same thread stops
-the conversion when the job was cancelled or ran past ``job_timeout_s`` (Celery's hard time
-limit stays as the backstop).
+The database is the truth and the broker only a doorbell: a task carries ids only, and
+everything about a job (state, step, stage, percent, attempts, outcome) lives in its records.
+Reliability comes from Celery's standard settings for long tasks: a message is acknowledged
+only after its step (``acks_late``), a pool process that dies puts it back
+(``task_reject_on_worker_lost``), a worker takes one message at a time (prefetch 1), and each
+step runs in a fresh pool process (``max_tasks_per_child=1``, forked from a worker that has
+already imported the pipeline).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
 import socket
-import sys
-import threading
-import time
-import traceback
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from celery import Celery, Task
+from celery import Celery
 from celery.signals import worker_process_init
 
-from .. import jobs
-from ..db import session_scope, upgrade
+from ..db import upgrade
 from ..db.session import dispose_engines
-from ..job_states import ENDED
-from ..settings import Settings, get_settings
-from ..storage import ArtifactStore, make_store
-from .job_process import (
-    clean_leftovers,
-    enter,
-    exit_message,
-    job_log_path,
-    limit_threads,
-    peak_address_space_mb,
-    preload,
-    timeout_message,
-)
+from ..settings import Settings
+from .celery_dispatch import QUEUE_NAME
+from .celery_tasks import register
+from .job_process import limit_threads, preload
 
-TASK_NAME = "edge_un.convert"
-QUEUE_NAME = "edge-un"
 # Celery's hard time limit comes this long after ours: ours records the reason first.
 HARD_LIMIT_GRACE_S = 60
-WATCH_INTERVAL_S = 0.25  # how often the pool process samples its job process and echoes its log
-# What a Celery pool process may have set for these; the job process wants the defaults.
-_RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1)
 
 log = logging.getLogger("edge_un.celery")
+
+
+def redelivery_s(settings: Settings) -> float:
+    """How long a message a dead worker held waits before it comes back (past the longest run)."""
+    return settings.job_timeout_s + HARD_LIMIT_GRACE_S + settings.lease_s
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -75,7 +46,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # A message a dead worker held comes back after this long; no run lasts longer, so a
         # live run's message never comes back (the reconciler recovers sooner anyway).
         "broker_transport_options": {
-            "visibility_timeout": int(hard_limit + settings.lease_s),
+            "visibility_timeout": int(redelivery_s(settings)),
             "unacked_restore_interval": 10,
         },
         # A publish while the broker is away fails fast: the job stays queued in the database
@@ -106,168 +77,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 def make_celery(settings: Settings) -> Celery:
     app = Celery("edge_un", set_as_current=False)
     app.conf.update(celery_config(settings))
-    app.task(
-        name=TASK_NAME,
-        bind=True,
-        # one recheck of a redelivered job (see convert_job); bounded, not a loop
-        max_retries=1,
-    )(convert_job)
+    register(app)
     return app
-
-
-def convert_job(task: Task, job_id: str, recheck: bool = False) -> str:
-    """Run job ``job_id`` if it is this delivery's to run. Returns what happened (for logs)."""
-    settings = get_settings()
-    store = make_store(settings)
-    with session_scope(settings) as session:
-        outcome = jobs.claim(session, job_id, settings.lease_s, settings.max_attempts)
-    if outcome == "busy":
-        # Running under a live heartbeat. A redelivered message means the pool process that
-        # ran it may just have died (its last beat is still fresh): look again after a lease.
-        redelivered = bool((task.request.delivery_info or {}).get("redelivered"))
-        if redelivered and not recheck:
-            countdown = settings.lease_s + settings.heartbeat_s
-            raise task.retry(kwargs={"recheck": True}, countdown=countdown)
-        return "duplicate delivery of a running job: ignored"
-    if outcome == "gone":
-        clean_leftovers(settings, store, job_id)
-        return "nothing to run"
-    claim = outcome
-    for earlier in range(1, claim.attempt):  # what killed runs of this job left behind
-        store.discard_run(job_id, earlier)
-    with session_scope(settings) as session:  # this pool process: a kill of it ends the run
-        jobs.set_pid(session, claim, os.getpid())
-    log_path = job_log_path(settings, job_id, claim.attempt)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    parent = os.getpid()
-    # Fork before the watchdog starts: no other thread may hold a lock the child inherits.
-    child = os.fork()
-    if child == 0:
-        _job_process(settings, claim, log_path, parent)
-    watchdog = Watchdog(settings, claim)
-    watchdog.start()
-    try:
-        code, peak_mb = _watch(child, log_path)
-    finally:
-        watchdog.stop()
-    if code != 0:
-        _record_exit(settings, store, claim, code, peak_mb, log_path)
-    return f"attempt {claim.attempt} ended with exit code {code}"
-
-
-def _job_process(settings: Settings, claim: jobs.Claim, log_path: Path, parent: int) -> NoReturn:
-    """The forked job process: output to the job's log, the conversion, then ``os._exit`` (never
-    back into Celery's code, which belongs to the pool process)."""
-    code = 1
-    try:
-        dispose_engines(close=False)  # the pool process's connections stay the pool process's
-        for number in _RESET_SIGNALS:
-            signal.signal(number, signal.SIG_DFL)
-        # dies with this pool process (cancel, timeout, kill -9 end it)
-        code = enter(settings, claim, log_path, parent)
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
-
-
-def _watch(pid: int, log_path: Path) -> tuple[int, float]:
-    """Wait for the job process: its exit code (negative: the signal that killed it) and its
-    peak address space as last sampled. Its log is echoed to this worker's output meanwhile, so
-    a worker's output still shows the jobs it ran (``docker compose logs worker``)."""
-    peak_mb, offset = 0.0, 0
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if not done:
-            peak_mb = max(peak_mb, peak_address_space_mb(pid))
-        offset = _echo(log_path, offset)
-        if done:
-            return os.waitstatus_to_exitcode(status), peak_mb
-        time.sleep(WATCH_INTERVAL_S)
-
-
-def _echo(path: Path, offset: int) -> int:
-    """Copy what the log gained since ``offset`` to this process's stderr; the new offset."""
-    with contextlib.suppress(OSError), path.open("rb") as stream:
-        stream.seek(offset)
-        while chunk := stream.read(1 << 16):
-            with contextlib.suppress(OSError):
-                os.write(2, chunk)
-            offset += len(chunk)
-    return offset
-
-
-def _record_exit(
-    settings: Settings,
-    store: ArtifactStore,
-    claim: jobs.Claim,
-    code: int,
-    peak_mb: float,
-    log_path: Path,
-) -> None:
-    """A job process that did not end well: fail its job with the reason if it recorded none
-    (a no-op if it did), and remove what the run left."""
-    with session_scope(settings) as session:
-        message = exit_message(
-            code,
-            stage=jobs.stage_of(session, claim.job_id),
-            peak_mb=peak_mb,
-            log_path=log_path,
-            limit_mb=settings.job_memory_mb,
-        )
-        if jobs.fail(session, claim, message):
-            log.warning("job %s failed: %s", claim.job_id, message)
-    store.discard_run(claim.job_id, claim.attempt)
-    clean_leftovers(settings, store, claim.job_id)
-
-
-class Watchdog(threading.Thread):
-    """Beside a running conversion: heartbeat, and the end of a cancelled or overdue run.
-
-    Stopping means SIGKILL of this pool process (what the local queue does to a job process):
-    Celery then sees a lost worker, puts the message back, and its next delivery finds the job
-    finished and only cleans up."""
-
-    def __init__(self, settings: Settings, claim: jobs.Claim) -> None:
-        super().__init__(name=f"edge-un-watchdog-{claim.job_id}", daemon=True)
-        self.settings = settings
-        self.claim = claim
-        self.started = time.monotonic()
-        self._done = threading.Event()
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join(timeout=10)
-
-    def run(self) -> None:
-        while not self._done.wait(self.settings.heartbeat_s):
-            try:
-                self._beat()
-            except Exception:  # a database hiccup: the next beat tries again
-                log.exception("heartbeat of job %s failed", self.claim.job_id)
-
-    def _beat(self) -> None:
-        timeout = self.settings.job_timeout_s
-        with session_scope(self.settings) as session:
-            if time.monotonic() - self.started > timeout:
-                message = timeout_message(self.settings)
-                if jobs.fail(session, self.claim, message):
-                    log.warning("job %s: %s", self.claim.job_id, message)
-                alive = False
-            else:
-                alive = jobs.heartbeat(session, self.claim) or self._ended_by_itself(session)
-        if not alive and not self._done.is_set():  # cancelled, timed out or taken over
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def _ended_by_itself(self, session) -> bool:
-        """The run recorded its own outcome (between two beats): let it finish."""
-        state = jobs.state_of(session, self.claim.job_id)
-        return state is not None and state[0] in ENDED and state[1] == self.claim.attempt
 
 
 @worker_process_init.connect

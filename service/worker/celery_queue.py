@@ -1,13 +1,15 @@
-"""Celery mode, API side: ``CeleryQueue`` sends a task per job, revokes on cancel, reconciles.
+"""Celery mode, API side: ``CeleryQueue`` rings the workers' doorbell per job, revokes on
+cancel, reconciles.
 
-The API process never converts. ``submit`` publishes a task carrying the job id (and records
-when: ``dispatched_at``); a publish that fails leaves the job queued and undispatched, and the
-reconciler thread sends it again. Every ``heartbeat_s`` the reconciler also queues again (or
-fails, after ``max_attempts``) running jobs whose heartbeat stopped: their worker died, and the
-message it held may not come back before the broker's visibility timeout. At start-up every
-queued job is sent again, whatever the broker kept: an API that died between recording a job
-and sending it, or a broker that lost its data, loses nothing. Duplicate messages are harmless
-(``jobs.claim`` lets one delivery win).
+The API process never converts. ``submit`` publishes a start task (``celery_dispatch``) and
+records when (``dispatched_at``); a publish that fails leaves the job queued and undispatched,
+and the reconciler thread sends it again. Every ``heartbeat_s`` the reconciler also queues
+again (or fails, after ``max_attempts``) what a dead worker left: a run's first step or a
+target whose heartbeat stopped, sends what could not be sent (targets, reports whose last
+target's worker died), and fails a run past its time limit that no worker is there to stop. At
+start-up every queued job and target is sent again, whatever the broker kept: an API that died
+between recording a job and sending it, or a broker that lost its data, loses nothing.
+Duplicate messages are harmless (each step is claimed by one conditional UPDATE).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import time
 
 from kombu.utils.url import maybe_sanitize_url
 
-from .. import jobs
+from .. import job_targets, jobs
 from ..db import session_scope
+from ..jobs import Claim
 from ..settings import Settings
 from ..storage import make_store
-from .celery_app import QUEUE_NAME, TASK_NAME, make_celery
-from .job_process import clean_leftovers
+from .celery_app import HARD_LIMIT_GRACE_S, make_celery, redelivery_s
+from .celery_dispatch import report_task_id, send_report, send_start, send_targets, target_task_id
+from .job_process import clean_leftovers, timeout_message
 
 log = logging.getLogger("edge_un.celery_queue")
 
@@ -46,10 +50,15 @@ class CeleryQueue:
         self._check_broker()
         with session_scope(self.settings) as session:
             waiting = jobs.queued_ids(session)
+            targets = job_targets.queued_targets(session)
         for job_id in waiting:
             self._send(job_id)
-        if waiting:
-            log.info("sent the %d queued job(s) to the broker again", len(waiting))
+        self._send_targets(targets)
+        if waiting or targets:
+            log.info(
+                "sent the %d queued job(s) and %d target(s) to the broker again",
+                len(waiting), len(targets),
+            )  # fmt: skip
         self._thread = threading.Thread(target=self._loop, name="edge-un-reconciler", daemon=True)
         self._thread.start()
 
@@ -62,9 +71,19 @@ class CeleryQueue:
         self._send(job_id)
 
     def cancel(self, job_id: str) -> None:
-        try:  # a queued message is dropped when it arrives; a running conversion is killed
-            self.app.control.revoke(job_id, terminate=True, signal="SIGKILL")
-        except Exception as error:  # the job's watchdog stops it anyway, from the database
+        """Stop every step of the job's run now: its targets' and report's tasks are revoked
+        (a queued one is dropped when it arrives, a running one killed). Its first step's
+        watchdog stops it from the database within a heartbeat."""
+        with session_scope(self.settings) as session:
+            state = jobs.state_of(session, job_id)
+            steps = job_targets.steps_of_job(session, job_id)
+        run = state[1] if state else 0
+        task_ids = [target_task_id(*step) for step in steps]
+        task_ids += [report_task_id(job_id, run)] if steps else []
+        try:
+            if task_ids:
+                self.app.control.revoke(task_ids, terminate=True, signal="SIGKILL")
+        except Exception as error:  # each step's watchdog stops it anyway, from the database
             log.warning("could not revoke job %s at the broker: %s", job_id, error)
         with self._lock:
             self._cleanups[job_id] = time.monotonic() + self.settings.lease_s
@@ -90,7 +109,7 @@ class CeleryQueue:
     # -- the reconciler ------------------------------------------------------------------
     def _send(self, job_id: str) -> bool:
         try:
-            self.app.send_task(TASK_NAME, args=[job_id], task_id=job_id, queue=QUEUE_NAME)
+            send_start(self.app, job_id)
         except Exception as error:  # the broker is away: the reconciler sends it later
             log.warning("could not send job %s to the broker (will retry): %s", job_id, error)
             return False
@@ -105,21 +124,51 @@ class CeleryQueue:
             except Exception:  # a database or broker hiccup must not end reconciling
                 log.exception("reconciling jobs with the broker failed; retrying")
 
+    def _send_targets(self, steps: list[job_targets.Step]) -> bool:
+        try:
+            send_targets(self.app, steps)
+        except Exception as error:  # the broker is away: the reconciler sends them later
+            log.warning("could not send %d target(s) to the broker: %s", len(steps), error)
+            return False
+        with session_scope(self.settings) as session:
+            job_targets.mark_sent(session, steps)
+        return True
+
     def _reconcile(self) -> None:
         self._check_broker()
-        with session_scope(self.settings) as session:
-            requeued, failed = jobs.recover_lost(
-                session, self.settings.lease_s, self.settings.max_attempts
-            )
-            undispatched = jobs.undispatched(session, quiet_s=self.settings.heartbeat_s)
-        if requeued or failed:
+        settings = self.settings
+        lease, quiet = settings.lease_s, settings.heartbeat_s
+        with session_scope(settings) as session:
+            requeued, failed = jobs.recover_lost(session, lease, settings.max_attempts)
+            undispatched = jobs.undispatched(session, quiet_s=quiet)
+            lost, ended = job_targets.lost_targets(session, lease, settings.max_attempts)
+            unsent = job_targets.unsent_targets(session, quiet_s=quiet)
+            for claim in job_targets.overdue(session, settings.job_timeout_s, HARD_LIMIT_GRACE_S):
+                jobs.fail(session, claim, timeout_message(settings))
+            # a report sent waits at the broker as a dead worker's message would, no longer
+            due = job_targets.reports_due(session, lease, redelivery_s(settings))
+        if requeued or failed or lost or ended:
             log.warning(
-                "jobs whose worker was lost: %d queued again, %d failed", len(requeued), len(failed)
-            )
+                "steps whose worker was lost: %d job(s) queued again, %d failed; %d target(s) "
+                "queued again, %d failed", len(requeued), len(failed), len(lost), ended,
+            )  # fmt: skip
         for job_id in [*requeued, *undispatched]:
             if not self._send(job_id):
                 break  # the broker is away: try the rest next time
+        if lost or unsent:
+            self._send_targets([*lost, *unsent])
+        for claim in due:
+            self._send_report(claim)
         self._clean_cancelled()
+
+    def _send_report(self, claim: Claim) -> None:
+        try:
+            send_report(self.app, claim)
+        except Exception as error:
+            log.warning("could not send the report of job %s: %s", claim.job_id, error)
+            return
+        with session_scope(self.settings) as session:
+            job_targets.mark_report_sent(session, claim)
 
     def _clean_cancelled(self) -> None:
         now = time.monotonic()

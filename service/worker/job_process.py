@@ -1,14 +1,14 @@
-"""The job process: one conversion, in its own process, and what both queue modes share around
-it.
+"""The job process: a conversion's work, in a process of its own, and what both queue modes
+share around it.
 
 Either queue forks it (the local queue from its fork server, ``child_main``; a Celery pool
 process itself) and it starts the same way (:func:`enter`): it dies with its parent
 (PR_SET_PDEATHSIG), writes its output to the job's log, caps its own address space
-(EDGE_UN_JOB_MEMORY_MB), runs ``quant.pipeline.convert`` into a staging directory, records its
-progress in the database as the pipeline's events come (at most every
-``progress_interval_s``, and at each new stage), then publishes the artifacts and records the
-outcome (``Report.outcome``: succeeded, partial or failed). Every write is conditional on the
-job still running this attempt, so a cancelled or superseded run changes nothing.
+(EDGE_UN_JOB_MEMORY_MB), then runs its step (``service.worker.steps``: the whole conversion in
+the local queue; in Celery mode one of a run's steps: prepare it, build one target, report),
+recording its progress in the database as the pipeline's events come (at most every
+``progress_interval_s``, and at each new stage). Every write is conditional on the job still
+running this attempt, so a cancelled or superseded run changes nothing.
 
 A job process that dies of a signal records nothing; whoever started it (the local queue, or a
 Celery pool process) names the reason with :func:`exit_message`, from the evidence it has: the
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
 import importlib
 import logging
 import os
@@ -27,23 +28,21 @@ import resource
 import signal
 import sys
 import time
-import traceback
+from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from converters.progress import ProgressEvent
-from quant.errors import one_line
 from quant.isolation import die_with_parent as quant_die_with_parent
 from quant.isolation import signal_name
 
 from .. import jobs
-from ..db import Job, session_scope
+from ..db import session_scope
 from ..job_states import FINISHED
 from ..jobs import Claim
 from ..settings import Settings, get_settings
-from ..storage import ArtifactStore, make_store
-from ..upload_layout import stored_model
+from ..storage import ArtifactStore
 
 log = logging.getLogger("edge_un.job_process")
 # Imported once by whoever forks job processes (the local queue's fork server, a Celery
@@ -116,13 +115,17 @@ def clean_leftovers(settings: Settings, store: ArtifactStore, job_id: str) -> No
         store.delete_uploads(job_id)
 
 
-class ProgressRecorder:
-    """The pipeline's ``progress``: its events into the job's record (throttled), and how long
-    each stage took (for the stage-duration metrics)."""
+Record = Callable[[Session, ProgressEvent], bool]  # False: the step no longer runs
 
-    def __init__(self, settings: Settings, claim: Claim) -> None:
+
+class ProgressRecorder:
+    """The pipeline's ``progress``: its events into the job's records (throttled) by ``record``
+    (the job's, or a target's and its job's), and how long each stage took (for the
+    stage-duration metrics)."""
+
+    def __init__(self, settings: Settings, record: Record) -> None:
         self.settings = settings
-        self.claim = claim
+        self.record = record
         self.interval = settings.progress_interval_s
         self.last_label: str | None = None
         self.last_write = 0.0
@@ -140,85 +143,13 @@ class ProgressRecorder:
             self.last_label, self.last_write = event.label, now
             # False when cancelled meanwhile: nothing to do, the queue kills this process
             with session_scope(self.settings) as session:
-                jobs.progress(session, self.claim, event)
+                self.record(session, event)
 
     def finish(self) -> list[tuple[str, float]]:
         if self.stage not in (None, "done"):  # "done" is the end marker, not a stage
             self.durations.append((self.stage, time.monotonic() - self.stage_started))
             self.stage = None
         return self.durations
-
-
-def run(settings: Settings, job_id: str, attempt: int) -> int:
-    from quant.errors import QuantError
-    from quant.report import REPORT_FILE
-    from quant.targets import get_profile
-
-    claim = jobs.Claim(job_id, attempt)
-    store = make_store(settings)
-    with session_scope(settings) as session:
-        row = session.scalar(select(Job).where(Job.id == job_id))
-    if row is None or (row.state, row.attempts) != ("running", attempt):
-        log.warning("job %s attempt %s is not running it any more: nothing to do", job_id, attempt)
-        return 0
-    uploads = store.upload_dir(job_id)
-    staging = store.staging_dir(job_id, attempt)
-    progress = ProgressRecorder(settings, claim)
-    error: str | None = None
-    failures: str | None = None
-    try:
-        from quant.pipeline import convert  # heavy (torch, onnx): inside the memory limit's try
-
-        report = convert(
-            stored_model(uploads, row.model_format, row.model_label),  # type: ignore[arg-type]
-            targets=[get_profile(name) for name in row.targets],
-            calib=uploads / "calib" if row.calib_label else None,
-            eval=uploads / "eval" if row.eval_label else None,
-            out_dir=staging,
-            max_drift=row.max_drift,
-            progress=progress,
-            config=uploads / "config" if row.config_label else None,
-            latency_runs=settings.latency_runs,
-        )
-        failures = report.failures()
-        if report.outcome() == "failed":
-            error = failures
-    except (MemoryError, ImportError) as caught:  # an import that cannot map its libraries
-        if isinstance(caught, ImportError) and not out_of_memory(caught, settings.job_memory_mb):
-            raise
-        error = _memory_message(settings)
-    except (QuantError, ValueError, OSError) as caught:  # bad input: checkpoint, data, targets
-        error = one_line(caught)
-    except Exception as caught:  # a bug: say what, keep the traceback in the job's log
-        traceback.print_exc()
-        if out_of_memory(caught, settings.job_memory_mb):  # a native library could not allocate
-            error = _memory_message(settings)
-        else:
-            error = f"internal error during the conversion ({type(caught).__name__}: "
-            error += f"{one_line(caught)}); the server's job log has the details"
-    durations = progress.finish()
-    if error is not None and not (staging / REPORT_FILE).exists():
-        store.discard_run(job_id, attempt)
-        with session_scope(settings) as session:
-            if jobs.fail(session, claim, error):
-                jobs.record_stages(session, job_id, durations)
-        store.delete_uploads(job_id)
-        return 1
-    store.commit(job_id, staging)
-    with session_scope(settings) as session:
-        if error is not None:
-            done = jobs.fail(session, claim, error)
-        else:
-            done = jobs.succeed(session, claim, failures)
-        if done:
-            jobs.record_stages(session, job_id, durations)
-    if not done:  # cancelled (or superseded) while it ran: publish nothing
-        still = jobs_state(settings, job_id)
-        if still is None or still[0] == "cancelled":
-            store.delete(job_id)
-        return 0
-    store.delete_uploads(job_id)
-    return 0 if error is None else 1
 
 
 def out_of_memory(error: BaseException, limit_mb: int) -> bool:
@@ -253,9 +184,11 @@ def peak_address_space_mb(pid: int | None = None) -> float:
     return 0.0
 
 
-def job_log_path(settings: Settings, job_id: str, attempt: int) -> Path:
-    """Where a run's output goes (both queue modes): under the data directory's logs/."""
-    return settings.data_dir.resolve() / "logs" / f"{job_id}-{attempt}.log"
+def job_log_path(settings: Settings, job_id: str, attempt: int, step: str | None = None) -> Path:
+    """Where a run's output goes (both queue modes): under the data directory's logs/; a
+    Celery run's later steps (a target's build, its report) each in a log of its own."""
+    name = f"{job_id}-{attempt}" + (f".{step}" if step else "")
+    return settings.data_dir.resolve() / "logs" / f"{name}.log"
 
 
 def log_tail(path: Path, size: int = LOG_TAIL_BYTES) -> str:
@@ -302,7 +235,7 @@ def exit_message(
     )
 
 
-def _memory_message(settings: Settings) -> str:
+def memory_message(settings: Settings) -> str:
     return (
         f"the conversion ran out of memory (the limit is {settings.job_memory_mb} MB, "
         "EDGE_UN_JOB_MEMORY_MB); try a smaller model, or ask for a higher limit"
@@ -314,7 +247,10 @@ def jobs_state(settings: Settings, job_id: str) -> tuple[str, int] | None:
         return jobs.state_of(session, job_id)
 
 
-def enter(settings: Settings, claim: Claim, log_path: Path, parent: int) -> int:
+Step = Callable[[], int]  # a step's work in the job process; its exit code
+
+
+def enter(settings: Settings, log_path: Path, parent: int, step: Step) -> int:
     """The job process's start in both queue modes, once forked from ``parent``: die with it,
     write everything to the job's log, then :func:`run_job_process`."""
     die_with_parent(parent)
@@ -322,27 +258,31 @@ def enter(settings: Settings, claim: Claim, log_path: Path, parent: int) -> int:
     for stream in (1, 2):
         os.dup2(descriptor, stream)
     os.close(descriptor)
-    return run_job_process(settings, claim.job_id, claim.attempt)
+    return run_job_process(settings, log_path.stem, step)
 
 
 def child_main(job_id: str, attempt: int, environ: dict[str, str], log_path: str) -> None:
     """The job process as the local queue starts it: a fork of the (preloaded) fork server,
-    handed its settings as EDGE_UN_* variables."""
+    handed its settings as EDGE_UN_* variables; it runs the whole conversion."""
+    from .steps import run
+
     parent = os.getppid()
     os.setsid()  # its own process group: a timeout or cancel kills all it started
     os.environ.update(environ)
-    sys.exit(enter(get_settings(), Claim(job_id, attempt), Path(log_path), parent))
+    settings = get_settings()
+    step = functools.partial(run, settings, Claim(job_id, attempt))
+    sys.exit(enter(settings, Path(log_path), parent, step))
 
 
-def run_job_process(settings: Settings, job_id: str, attempt: int) -> int:
-    """The job process's work, once its output goes to the job's log: its limits, then
-    :func:`run`. A crash in native code leaves the Python stack of every thread in the log."""
+def run_job_process(settings: Settings, name: str, step: Step) -> int:
+    """The job process's work, once its output goes to the job's log: its limits, then the
+    step. A crash in native code leaves the Python stack of every thread in the log."""
     limit_memory(settings.job_memory_mb)
     with contextlib.suppress(AttributeError, ValueError, OSError):  # no stderr with a file
         faulthandler.enable(file=sys.__stderr__, all_threads=True)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s job {job_id}: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s job {name}: %(message)s")
     if settings.job_threads:
         import torch
 
         torch.set_num_threads(settings.job_threads)
-    return run(settings, job_id, attempt)
+    return step()

@@ -66,7 +66,7 @@ UPLOAD_SCHEMA = {
     "",
     status_code=202,
     response_model=JobOut,
-    responses=ERRORS,
+    responses={**ERRORS, 429: {"description": "a problem (RFC 9457), with Retry-After"}},
     openapi_extra={
         "requestBody": {
             "required": True,

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from ...errors import Refused
-from ..http_status import status_of
+from ..http_status import headers_of, status_of
 
 log = logging.getLogger("edge_un.api")
 MEDIA_TYPE = "application/problem+json"
@@ -35,6 +35,7 @@ TITLES = {
     415: "Unsupported media type",
     416: "Range not satisfiable",
     422: "Unprocessable content",
+    429: "Too many requests",
     500: "Internal server error",
     503: "Service unavailable",
 }
@@ -139,8 +140,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Refused)
     async def _refused(request: Request, error: Refused) -> JSONResponse:
         return problem_response(
-            status_of(error), error.detail, error.title, instance=request.url.path
-        )
+            status_of(error), error.detail, error.title, instance=request.url.path,
+            headers=headers_of(error),
+        )  # fmt: skip
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -28,7 +28,7 @@ from ...report_html import CSP
 from ...schemas import JobOut
 from .. import downloads, intake, job_actions
 from ..deps import Principal, ServicesDep, base_url, principal_of, services
-from ..http_status import status_of
+from ..http_status import headers_of, status_of
 from . import pages
 from .session import (
     CSRF_FIELD,
@@ -74,7 +74,9 @@ class PageRoute(APIRoute):
                 text = pages.message_page(
                     refused.title, refused.detail, csrf_token(request), signed
                 )
-                response = HTMLResponse(text, status_code=status_of(refused))
+                response = HTMLResponse(
+                    text, status_code=status_of(refused), headers=headers_of(refused)
+                )
             response.headers.update(HEADERS)  # downloads: no-store, not "immutable for a year"
             keep_csrf(request, response)
             return response
@@ -198,7 +200,7 @@ async def upload(request: Request, services: ServicesDep, who: SignedIn) -> Resp
         )
     except Refused as refused:
         page = pages.upload_page(_targets(), csrf_token(request), refused.detail)
-        return HTMLResponse(page, status_code=status_of(refused))
+        return HTMLResponse(page, status_code=status_of(refused), headers=headers_of(refused))
     return _redirect(f"{PREFIX}/jobs/{job.id}")
 
 

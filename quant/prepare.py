@@ -1,0 +1,266 @@
+"""A conversion's first step: load and fold the model once, export it once per opset and batch
+its targets need, and leave everything the targets' builds read in the job's directories.
+
+``prepare`` checks what was asked (targets, bars, data), loads and folds the model (and first
+recalibrates its norms when asked), reads the calibration and evaluation data, writes them as
+the .npy files every build memory-maps, exports the folded model at each distinct opset/batch
+of its targets (each with its outputs on the evaluation data: the fp32 reference), and records
+all of it as a :class:`~quant.job_files.Prepared` in the work directory. An export that fails
+fails the targets that need it, each with its reason, not the conversion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from converters.attention_masks import bound_attention_masks
+from converters.pipeline import FoldedSource, export_folded, load_and_fold
+from converters.progress import Progress, ProgressEvent
+from converters.source import ModelSource
+
+from . import report as schema
+from .data import (
+    CALIBRATION_SAMPLES,
+    MIN_CALIBRATION_SAMPLES,
+    MIN_EVALUATION_SAMPLES,
+    InputSpec,
+    Samples,
+    checkpoint_samples,
+    load_npz,
+)
+from .drift import onnx_runner
+from .errors import DataFileError, QuantError, one_line
+from .isolation import save_samples
+from .job_files import ExportedModel, Prepared, export_key
+from .ort_int8 import static_batch
+from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
+from .targets import PROFILES, Bars, TargetProfile
+
+# The opset and batch of the export that gives the fp32 reference when no target's could.
+REFERENCE_EXPORT = (18, False)
+
+
+def prepare(
+    model: ModelSource | str | Path,
+    targets: Sequence[TargetProfile] | None,
+    calib: str | Path | None,
+    eval: str | Path | None,  # the issue's name for the evaluation data
+    out_dir: Path,
+    work_dir: Path,
+    bars: Bars,
+    say: Progress,
+    *,
+    config: str | Path | Mapping[str, Any] | None = None,
+    allow_online: bool = False,
+    latency_runs: int = 100,
+    recalibrate_batches: int = 0,
+) -> Prepared:
+    """Everything before the targets' builds (``quant.pipeline.convert`` says what each
+    argument means); the record is also saved in ``work_dir``."""
+    profiles = _profiles(targets)
+    if bars.max_drop_pts < 0:
+        raise QuantError(f"max_drift must be >= 0 points, got {bars.max_drop_pts}")
+    if recalibrate_batches < 0:
+        raise QuantError(f"recalibrate_batches must be >= 0, got {recalibrate_batches}")
+    say(ProgressEvent("load", 0.01))
+    folded = load_and_fold(model, config=config, allow_online=allow_online)
+    if recalibrate_batches:
+        check_recalibratable(folded)
+    specs = _input_specs(folded)
+    calibration = _samples(calib, folded, specs, "calibration")
+    evaluation = _samples(eval, folded, specs, "evaluation")
+    recalibration = None
+    if recalibrate_batches:
+        say(ProgressEvent("recalibrate", 0.03))
+        data = calibration if calib is not None else None  # None: the checkpoint's train split
+        folded, recalibration = recalibrate_and_fold(
+            folded, data, evaluation, recalibrate_batches, allow_online
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    for part, samples in (("calibration", calibration), ("evaluation", evaluation)):
+        save_samples(samples, work_dir / part)
+    exports, errors = _exports(folded, profiles, out_dir, work_dir, evaluation, say)
+    reference, reference_note = _reference(folded, exports, out_dir, work_dir, evaluation)
+    notes = (
+        list(folded.fold.notes)
+        + [export.note() for export in exports.values()]
+        + list(dict.fromkeys(line for e in exports.values() for line in e.rewrites))
+        + ([recalibration_note(recalibration, recalibrate_batches)] if recalibration else [])
+        + ([reference_note] if reference_note else [])
+    )
+    prepared = Prepared(
+        out_dir=out_dir,
+        work_dir=work_dir,
+        targets=[profile.name for profile in profiles],
+        bars=bars,
+        latency_runs=latency_runs,
+        model=_model_info(folded, specs),
+        fold=folded.fold.as_dict(),
+        reference=schema.Reference(
+            top1_fp32=_top1(reference, evaluation.labels),
+            samples=len(evaluation),
+            eval_source=evaluation.source,
+            calibration_source=calibration.source,
+            calibration_samples=len(calibration),
+        ),
+        recalibration=recalibration,
+        notes=notes,
+        exports=exports,
+        export_errors=errors,
+    )
+    prepared.save()
+    return prepared
+
+
+def _profiles(targets: Sequence[TargetProfile] | None) -> tuple[TargetProfile, ...]:
+    if isinstance(targets, str):
+        raise QuantError(
+            f"targets are profiles, not a string: quant.targets.parse_targets({targets!r})"
+        )
+    profiles = tuple(PROFILES.values()) if targets is None else tuple(dict.fromkeys(targets))
+    if not profiles:
+        raise QuantError("no targets to build: name at least one")
+    return profiles
+
+
+def _exports(
+    folded: FoldedSource,
+    profiles: tuple[TargetProfile, ...],
+    out_dir: Path,
+    work_dir: Path,
+    evaluation: Samples,
+    say: Progress,
+) -> tuple[dict[str, ExportedModel], dict[str, str]]:
+    """One fp32 export per opset and batch, in the order the targets first need them (the
+    progress names that target); a failed one's one-line reason instead."""
+    exports: dict[str, ExportedModel] = {}
+    errors: dict[str, str] = {}
+    for profile in profiles:
+        key = export_key(profile.opset, profile.static_batch)
+        if key in exports or key in errors:
+            continue
+        say(ProgressEvent("export", 0.04, target=profile.name))
+        try:
+            exports[key] = _export(
+                folded, out_dir, work_dir, profile.opset, profile.static_batch, evaluation
+            )
+        except (ValueError, RuntimeError, OSError) as error:  # ConversionError is a ValueError
+            errors[key] = one_line(error)
+    return exports, errors
+
+
+def _reference(
+    folded: FoldedSource,
+    exports: dict[str, ExportedModel],
+    out_dir: Path,
+    work_dir: Path,
+    evaluation: Samples,
+) -> tuple[np.ndarray | None, str | None]:
+    """fp32 outputs on the evaluation data, from the first export (all of them agree to
+    ~1e-5), and a note when there is none: every export failed, and exporting once more for
+    the reference fails too (each target's own reason is in its report)."""
+    if not exports:
+        opset, static = REFERENCE_EXPORT
+        try:
+            exported = _export(folded, out_dir, work_dir, opset, static, evaluation)
+        except (ValueError, RuntimeError, OSError) as error:
+            return None, f"no fp32 reference: the fp32 export failed ({one_line(error)})"
+        exports[export_key(opset, static)] = exported
+    return np.load(next(iter(exports.values())).reference), None
+
+
+def _export(
+    folded: FoldedSource,
+    out_dir: Path,
+    work_dir: Path,
+    opset: int,
+    static: bool,
+    evaluation: Samples,
+) -> ExportedModel:
+    fp32_dir = out_dir / "fp32"
+    fp32_dir.mkdir(exist_ok=True)
+    exported = fp32_dir / f"model_opset{opset}.onnx"
+    export_folded(folded, exported, opset=opset, dynamic_batch=not static)
+    proto = onnx.load(str(exported))
+    # float32-min attention masks would take all of int8's range (converters.attention_masks);
+    # the reference is of the rewritten file, which the fp32 model matches to e^-30
+    rewrites = bound_attention_masks(proto)
+    batch = static_batch(proto)  # a source with static shapes keeps its batch size
+    path = fp32_dir / f"model_opset{opset}_{'dynamic' if batch is None else f'b{batch}'}.onnx"
+    onnx.save_model(proto, str(path))
+    exported.unlink()
+    onnx.checker.check_model(str(path), full_check=True)
+    reference = work_dir / f"reference-{export_key(opset, static)}.npy"
+    np.save(reference, onnx_runner(path)(evaluation.feeds))
+    return ExportedModel(
+        path=path,
+        opset=opset,
+        static_batch=static,
+        batch=batch,
+        reference=reference,
+        rewrites=list(rewrites.lines()),
+    )
+
+
+def _input_specs(folded: FoldedSource) -> tuple[InputSpec, ...]:
+    """Each model input: its name, one sample's shape (-1 where the file leaves it open), dtype."""
+    if folded.is_onnx:
+        values = {v.name: v.type.tensor_type for v in folded.folded.graph.input}
+        specs = []
+        for name in folded.input_names:
+            dims = [d.dim_value if d.dim_value > 0 else -1 for d in values[name].shape.dim]
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(values[name].elem_type)
+            specs.append(InputSpec(name, tuple(dims[1:]), np.dtype(dtype).name))
+        return tuple(specs)
+    return tuple(
+        InputSpec(name, tuple(example.shape[1:]), str(example.numpy().dtype))
+        for name, example in zip(folded.input_names, folded.example, strict=True)
+    )
+
+
+def _samples(
+    path: str | Path | None, folded: FoldedSource, specs: tuple[InputSpec, ...], purpose: str
+) -> Samples:
+    calibrating = purpose == "calibration"
+    if path is not None:
+        minimum = MIN_CALIBRATION_SAMPLES if calibrating else MIN_EVALUATION_SAMPLES
+        return load_npz(path, specs, purpose=purpose, minimum=minimum)
+    if folded.info is None or "dataset" not in folded.info.metadata:
+        flag = "--calib" if calibrating else "--eval"
+        arrays = ", ".join(f"'{spec.name}'" for spec in specs)
+        raise DataFileError(
+            f"{folded.source.path.name} records no data set: give {purpose} data as an .npz "
+            f"({flag} F.npz with {arrays} and optional 'labels')"
+        )
+    if calibrating:
+        return checkpoint_samples(folded.info, "train", CALIBRATION_SAMPLES, specs)
+    return checkpoint_samples(folded.info, "test", specs=specs)
+
+
+def _model_info(folded: FoldedSource, specs: tuple[InputSpec, ...]) -> schema.ModelInfo:
+    parameters = None
+    if folded.model is not None and hasattr(folded.model, "parameters"):
+        parameters = sum(p.numel() for p in folded.model.parameters())
+    return schema.ModelInfo(
+        name=folded.source.display_name,
+        source_format=folded.source.format,
+        parameters=parameters,
+        input_shape=list(specs[0].shape),
+        input_dtype=specs[0].dtype,
+        inputs=[
+            schema.ModelInput(name=spec.name, shape=list(spec.shape), dtype=spec.dtype)
+            for spec in specs
+        ],
+    )
+
+
+def _top1(logits: np.ndarray | None, labels: np.ndarray | None) -> float | None:
+    if logits is None or labels is None:
+        return None
+    return float((logits.argmax(-1) == labels).mean())

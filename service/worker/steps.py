@@ -1,0 +1,231 @@
+"""A conversion's work in a job process: the whole of it (the local queue, :func:`run`), or one
+step of a run on any Celery worker (:func:`prepare_step`, :func:`target_step`,
+:func:`report_step`): the steps of ``quant.pipeline``, whose ``convert`` is the three in a row,
+so a job's report and artifacts are the same in both modes.
+
+Every step turns what it raised into the job's one-line reason (:func:`failure`). A run ends
+in :func:`publish`: its artifacts published and its outcome recorded (``Report.outcome``:
+succeeded, partial or failed), or, when it wrote no report, nothing kept and the job failed.
+The targets' builds share the job's time limit (EDGE_UN_JOB_TIMEOUT_S, from when its run
+started), less a share kept for its report (:func:`build_deadline`): a target's search for a
+file within the bars that cannot end in time ships its best file so far (``quant.deadline``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from datetime import datetime
+from pathlib import Path
+
+from sqlalchemy import select
+
+from quant.errors import QuantError, one_line
+
+from .. import job_targets, jobs
+from ..db import Job, session_scope
+from ..job_targets import TargetClaim
+from ..jobs import Claim
+from ..settings import Settings
+from ..storage import ArtifactStore, make_store
+from ..upload_layout import stored_model
+from .job_process import ProgressRecorder, jobs_state, memory_message, out_of_memory
+
+log = logging.getLogger("edge_un.steps")
+# The share of EDGE_UN_JOB_TIMEOUT_S kept for the report after the targets' builds (and, in
+# Celery mode, for a target's task to reach a worker): 90 s of the default 30 minutes.
+REPORT_RESERVE = 0.05
+
+
+def build_deadline(settings: Settings, started_at: datetime | None) -> float:
+    """When a run's targets must be built (``time.time()``): its time limit counted from when
+    the run started, less :data:`REPORT_RESERVE`."""
+    start = started_at.timestamp() if started_at is not None else time.time()
+    return start + settings.job_timeout_s * (1 - REPORT_RESERVE)
+
+
+def failure(caught: Exception, settings: Settings) -> str:
+    """The job's one-line reason for what a step raised: memory, bad input, or a bug (its
+    traceback kept in the job's log). An ImportError that is not about memory is raised."""
+    if isinstance(caught, MemoryError | ImportError):  # an import that cannot map its libraries
+        if isinstance(caught, ImportError) and not out_of_memory(caught, settings.job_memory_mb):
+            raise caught
+        return memory_message(settings)
+    if isinstance(caught, QuantError | ValueError | OSError):  # bad input: model, data, targets
+        return one_line(caught)
+    traceback.print_exc()
+    if out_of_memory(caught, settings.job_memory_mb):  # a native library could not allocate
+        return memory_message(settings)
+    return (
+        f"internal error during the conversion ({type(caught).__name__}: {one_line(caught)}); "
+        "the server's job log has the details"
+    )
+
+
+def _running(settings: Settings, claim: Claim) -> Job | None:
+    """The job's record while it still runs this attempt."""
+    with session_scope(settings) as session:
+        row = session.scalar(select(Job).where(Job.id == claim.job_id))
+    if row is None or (row.state, row.attempts) != ("running", claim.attempt):
+        log.warning("job %s attempt %s is not running it any more", claim.job_id, claim.attempt)
+        return None
+    return row
+
+
+def _job_progress(settings: Settings, claim: Claim) -> ProgressRecorder:
+    return ProgressRecorder(settings, lambda session, event: jobs.progress(session, claim, event))
+
+
+def _conversion_inputs(settings: Settings, store: ArtifactStore, job: Job) -> dict:
+    """The pipeline's arguments for a job, from its record and its uploads."""
+    from quant.targets import get_profile
+
+    uploads = store.upload_dir(job.id)
+    return {
+        "model": stored_model(uploads, job.model_format, job.model_label),  # type: ignore[arg-type]
+        "targets": [get_profile(name) for name in job.targets],
+        "calib": uploads / "calib" if job.calib_label else None,
+        "eval": uploads / "eval" if job.eval_label else None,
+        "config": uploads / "config" if job.config_label else None,
+        "latency_runs": settings.latency_runs,
+    }
+
+
+def run(settings: Settings, claim: Claim) -> int:
+    """The local queue's job process: the whole conversion into a staging directory, then
+    :func:`publish`."""
+    job = _running(settings, claim)
+    if job is None:
+        return 0
+    store = make_store(settings)
+    staging = store.staging_dir(claim.job_id, claim.attempt)
+    progress = _job_progress(settings, claim)
+    error = failures = None
+    try:
+        from quant.pipeline import convert  # heavy (torch, onnx): inside the memory limit's try
+
+        report = convert(
+            **_conversion_inputs(settings, store, job), out_dir=staging, max_drift=job.max_drift,
+            progress=progress, deadline=build_deadline(settings, job.started_at),
+        )  # fmt: skip
+        failures = report.failures()
+        error = failures if report.outcome() == "failed" else None
+    except Exception as caught:
+        error = failure(caught, settings)
+    return publish(settings, store, claim, staging, error, failures, progress)
+
+
+def prepare_step(settings: Settings, claim: Claim) -> int:
+    """Celery mode, a run's first step: load, fold and export the job's model into its staging
+    and work directories, then record its targets, to be built by any worker."""
+    job = _running(settings, claim)
+    if job is None:
+        return 0
+    store = make_store(settings)
+    staging = store.staging_dir(claim.job_id, claim.attempt)
+    work = store.work_dir(claim.job_id, claim.attempt)
+    progress = _job_progress(settings, claim)
+    try:
+        from quant.prepare import prepare
+        from quant.targets import DEFAULT_MIN_AGREEMENT, Bars
+
+        inputs = _conversion_inputs(settings, store, job)
+        prepared = prepare(
+            inputs.pop("model"), inputs.pop("targets"), inputs.pop("calib"), inputs.pop("eval"),
+            staging, work, Bars(job.max_drift, DEFAULT_MIN_AGREEMENT), progress, **inputs,
+        )  # fmt: skip
+    except Exception as caught:
+        return publish(settings, store, claim, staging, failure(caught, settings), None, progress)
+    with session_scope(settings) as session:
+        if job_targets.fan_out(session, claim, prepared.targets):
+            jobs.record_stages(session, claim.job_id, progress.finish())
+    return 0
+
+
+def target_step(settings: Settings, claim: TargetClaim) -> int:
+    """Celery mode: build one target of a prepared run (its part goes to the run's work
+    directory), then record that it ended."""
+    job = _running(settings, claim.job)
+    if job is None:
+        return 0
+    progress = ProgressRecorder(
+        settings, lambda session, event: job_targets.target_progress(session, claim, event)
+    )
+    error = None
+    try:
+        from quant.job_files import Prepared
+        from quant.pipeline import build_target
+
+        prepared = Prepared.load(make_store(settings).work_dir(claim.job_id, claim.run))
+        build_target(prepared, claim.name, progress, build_deadline(settings, job.started_at))
+    except Exception as caught:
+        error = failure(caught, settings)
+    durations = progress.finish()
+    with session_scope(settings) as session:
+        if job_targets.end_target(session, claim, error):
+            jobs.record_stages(session, claim.job_id, durations)
+    return 0 if error is None else 1
+
+
+def report_step(settings: Settings, claim: Claim) -> int:
+    """Celery mode, a run's last step: its report from its targets' parts (a target that ended
+    without one failed, with the reason its record holds), then :func:`publish`."""
+    store = make_store(settings)
+    progress = _job_progress(settings, claim)
+    staging, error, failures = None, None, None
+    try:
+        from quant.job_files import Prepared
+        from quant.pipeline import assemble
+
+        prepared = Prepared.load(store.work_dir(claim.job_id, claim.attempt))
+        staging = prepared.out_dir
+        with session_scope(settings) as session:
+            lost = job_targets.failures(session, claim.job_id, claim.attempt)
+        report = assemble(prepared, lost, progress)
+        failures = report.failures()
+        error = failures if report.outcome() == "failed" else None
+    except Exception as caught:
+        error = failure(caught, settings)
+    return publish(settings, store, claim, staging, error, failures, progress)
+
+
+def publish(
+    settings: Settings,
+    store: ArtifactStore,
+    claim: Claim,
+    staging: Path | None,
+    error: str | None,
+    failures: str | None,
+    progress: ProgressRecorder,
+) -> int:
+    """End a run: publish its staging directory and record the outcome (``error``: it failed;
+    ``failures``: the targets that did), or, when it wrote no report, keep nothing and fail the
+    job. Nothing is published for a run that no longer runs (cancelled meanwhile)."""
+    from quant.report import REPORT_FILE
+
+    durations = progress.finish()
+    if error is not None and (staging is None or not (staging / REPORT_FILE).exists()):
+        store.discard_run(claim.job_id, claim.attempt)
+        with session_scope(settings) as session:
+            if jobs.fail(session, claim, error):
+                jobs.record_stages(session, claim.job_id, durations)
+        store.delete_uploads(claim.job_id)
+        return 1
+    assert staging is not None
+    store.commit(claim.job_id, staging)
+    store.discard_run(claim.job_id, claim.attempt)  # its work directory
+    with session_scope(settings) as session:
+        if error is not None:
+            done = jobs.fail(session, claim, error)
+        else:
+            done = jobs.succeed(session, claim, failures)
+        if done:
+            jobs.record_stages(session, claim.job_id, durations)
+    if not done:  # cancelled (or superseded) while it ran: publish nothing
+        still = jobs_state(settings, claim.job_id)
+        if still is None or still[0] == "cancelled":
+            store.delete(claim.job_id)
+        return 0
+    store.delete_uploads(claim.job_id)
+    return 0 if error is None else 1

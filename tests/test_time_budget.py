@@ -1,0 +1,70 @@
+"""A target's time budget (``quant.deadline``), on the bundled trained UN ViT and its own data:
+a search for a file within the drift bars that cannot finish in the time left stops and ships
+its best file so far, over the bar, with its figures and a warning that says why, instead of
+running the whole job into its timeout."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+
+from edge_un import examples
+from quant.bias_correction import correct_biases
+from quant.deadline import Deadline, SearchStopped, watching
+from quant.ort_int8 import quantize_onnx
+from quant.pipeline import convert
+from quant.targets import PROFILES
+
+
+def test_a_search_out_of_time_ships_its_first_file_over_the_bar(tmp_path: Path) -> None:
+    """At a 0.0-point bar the cpu target climbs its int8 ladder, then widens tensors to int16
+    (tests/test_quant_pipeline.py). With one second left when the conversion starts, its first
+    recipe still runs (there is nothing to ship without it), then the search stops."""
+    out = tmp_path / "out"
+    report = convert(
+        examples.path("vit-mnist-un"), targets=[PROFILES["cpu"]], out_dir=out, max_drift=0.0,
+        latency_runs=3, deadline=time.time() + 1,
+    )  # fmt: skip
+    cpu = report.targets["cpu"]
+    assert cpu.status == "over_bar" and cpu.drift is not None and not cpu.drift.within_bar
+    assert [trial.recipe for trial in cpu.recipes_tried] == [PROFILES["cpu"].recipe]
+    assert cpu.excluded == [] and cpu.int16_tensors == []  # no fallback step started
+    # the file shipped is the one measured: its figures are the first recipe's
+    first = cpu.recipes_tried[0]
+    assert (cpu.drift.agreement, cpu.drift.top1_drop_pts) == (first.agreement, first.top1_drop_pts)
+    (stopped,) = [w for w in cpu.warnings if "stopped" in w]
+    assert "stopped after 1 int8 recipe(s)" in stopped and "int8 recipe 2" in stopped
+    assert "EDGE_UN_JOB_TIMEOUT_S" in stopped and "best measured so far" in stopped
+    (artifact,) = [a for a in cpu.artifacts if a.name == "cpu/model_int8.onnx"]
+    assert hashlib.sha256((out / artifact.name).read_bytes()).hexdigest() == artifact.sha256
+    assert stopped in " ".join((out / "report.md").read_text().split())
+
+
+def test_bias_correction_stops_between_its_passes_once_the_deadline_passed(vit_onnx) -> None:
+    """A ladder step already started (bias correction: one pass of the calibration data per
+    bias) stops at its next pass when the deadline it watches has passed, before it changed
+    a bias; with time left it corrects them all."""
+    cpu = PROFILES["cpu"]
+    fp32_path = vit_onnx["fp32"]["cpu"]
+    quantized = vit_onnx["dir"] / "cpu_int8.onnx"
+    quantize_onnx(fp32_path, quantized, cpu, vit_onnx["calibration"])
+    model, fp32 = onnx.load(str(quantized)), onnx.load(str(fp32_path))
+    before = model.SerializeToString()
+    with watching(Deadline(time.time() - 1)), pytest.raises(SearchStopped):
+        correct_biases(model, fp32, vit_onnx["calibration"])
+    assert model.SerializeToString() == before
+    with watching(Deadline(time.time() + 3600)):
+        assert correct_biases(model, fp32, vit_onnx["calibration"]) > 0
+    assert model.SerializeToString() != before
+
+
+def test_a_step_starts_only_if_it_and_the_rest_of_the_build_fit() -> None:
+    now = time.time()
+    assert Deadline().allows(1e9)  # no deadline
+    assert Deadline(now + 100).allows(40)  # 40 s step, 40 s after it: fits in 100
+    assert not Deadline(now + 100).allows(60)
+    assert Deadline(now + 100).less(30).left() < 71
