@@ -35,6 +35,7 @@ from .data import (
     Samples,
     checkpoint_samples,
     load_npz,
+    sample_shapes,
 )
 from .drift import onnx_runner
 from .errors import DataFileError, QuantError, one_line
@@ -45,7 +46,12 @@ from .recalibration import check_recalibratable, recalibrate_and_fold, recalibra
 from .records import artifact_record
 from .summary import summary_markdown
 from .target_job import Bars, StageCallback, TargetJob
-from .targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TargetProfile
+from .targets import (
+    DEFAULT_MAX_DRIFT,
+    DEFAULT_MIN_AGREEMENT,
+    TargetProfile,
+    resolve_targets,
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ class Export:
 
 def convert(
     model: ModelSource | str | Path,
-    targets: Sequence[TargetProfile] | None = None,
+    targets: str | Sequence[TargetProfile | str] | None = None,
     calib: str | Path | None = None,
     eval: str | Path | None = None,  # the issue's name for the evaluation data
     out_dir: str | Path = "edge-un-out",
@@ -79,7 +85,8 @@ def convert(
     latency_runs: int = 100,
     recalibrate_batches: int = 0,
 ) -> schema.Report:
-    """Convert ``model`` for ``targets`` (default: every profile) into ``out_dir``. A path is
+    """Convert ``model`` for ``targets`` (profiles or their names, ``["cpu", "imx93"]`` or
+    ``"cpu,imx93"``; default: every profile) into ``out_dir``. A path is
     read in the format its name says; the service passes the :class:`ModelSource` its upload
     checks established (its ``name`` is what the report calls the model).
 
@@ -91,11 +98,7 @@ def convert(
     :func:`edge_un.recalibrate`, then folds; the report's ``recalibration`` says how it went.
     """
     say = progress or ignore_progress
-    if isinstance(targets, str):
-        raise QuantError(
-            f"targets are profiles, not a string: quant.targets.parse_targets({targets!r})"
-        )
-    profiles = tuple(PROFILES.values()) if targets is None else tuple(dict.fromkeys(targets))
+    profiles = resolve_targets(targets)
     if not profiles:
         raise QuantError("no targets to build: name at least one")
     if max_drift < 0:
@@ -104,7 +107,10 @@ def convert(
         raise QuantError(f"recalibrate_batches must be >= 0, got {recalibrate_batches}")
     out_dir = Path(out_dir).resolve()  # artifact names are relative to it, tools return absolute
     say(ProgressEvent("load", 0.01))
-    folded = load_and_fold(model, config=config, allow_online=allow_online)
+    # A model that leaves shapes open (a directory; a dynamic axis) takes the calibration
+    # data's: its sequence length, its image size.
+    shapes = sample_shapes(calib) if calib is not None else {}
+    folded = load_and_fold(model, config=config, allow_online=allow_online, input_shapes=shapes)
     if recalibrate_batches:
         check_recalibratable(folded)
     specs = _input_specs(folded)
