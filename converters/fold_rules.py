@@ -148,10 +148,9 @@ def following_layers(graph: FoldGraph, norm: Norm) -> tuple[list[Any] | None, st
 
 
 def _channels_last(graph: FoldGraph, value: Any, axis: int) -> str:
-    rank = len(graph.shape(value) or ())
-    return (
-        "" if axis == rank - 1 else f"{graph.name(value)} reaches a Linear with channels not last"
-    )
+    if axis == len(graph.shape(value) or ()) - 1:
+        return ""
+    return f"{graph.name(value)} reaches a Linear with its channels not last"
 
 
 def _data_readers(graph: FoldGraph, value: Any) -> list[Any]:
@@ -173,6 +172,8 @@ def passes_through(graph: FoldGraph, op: Op, value: Any, axis: int, norm: Norm) 
         return axis, "reads it as something other than data"
     in_shape, out_shape = graph.shape(value) or (), graph.shape(op.output) or ()
     moved: int | None = None
+    if op.kind is Kind.PAD and pad_problem(op, axis, norm):
+        return axis, pad_problem(op, axis, norm)
     if op.kind in (Kind.IDENTITY, Kind.PAD):
         moved = axis
     elif op.kind is Kind.RESHAPE:
@@ -188,7 +189,7 @@ def passes_through(graph: FoldGraph, op: Op, value: Any, axis: int, norm: Norm) 
         return axis, "does not commute with a per-channel affine"
     if moved is None or not _same_size(in_shape, out_shape, axis, moved):
         return axis, "moves the channel axis apart"
-    return moved, pad_problem(op, axis, norm) if op.kind is Kind.PAD else ""
+    return moved, ""
 
 
 def pad_problem(op: Op, axis: int, norm: Norm) -> str:

@@ -210,10 +210,6 @@ def positional_tensor_inputs(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def _put(argument: Any, placeholder: fx.Node, value: Any) -> Any:
-    return value if argument is placeholder else argument
-
-
 def _resized(tensor: Tensor, placeholder: Any, sample: Sequence[int] | None) -> Tensor:
     """``tensor`` at ``(batch, *sample)`` when the program leaves every differing dimension
     open (1s for integer ids, so any vocabulary takes them); else as it is."""
