@@ -15,6 +15,23 @@ def pad_token_id(model: nn.Module) -> int:
     return 0 if pad_id is None else int(pad_id)
 
 
+def max_sequence_length(model: nn.Module) -> int | None:
+    """How many tokens a text model takes: its ``max_position_embeddings``, less the positions
+    a RoBERTa-style model skips (its position ids start after the padding index, which its
+    position embedding holds as ``padding_idx``: RoBERTa's 514 positions take 512 tokens)."""
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if positions is None:
+        return None
+    skipped = [
+        module.padding_idx + 1
+        for name, module in model.named_modules()
+        if name.endswith("position_embeddings")
+        and isinstance(module, nn.Embedding)
+        and module.padding_idx is not None
+    ]
+    return int(positions) - max(skipped, default=0)
+
+
 def named_inputs(model: nn.Module, inputs: Tensor) -> dict[str, Tensor]:
     """edge_un's preprocessed input as the keyword inputs of a ``transformers`` model.
 
