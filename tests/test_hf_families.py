@@ -12,6 +12,8 @@ computes the figures it records; not accuracy (benchmarks/hf_families.py trains 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 ONE_EPOCH = ["--epochs", "1", "--batch-size", "32", "--quiet", "--threads", "1"]
 TRAIN, VAL = 320, 100  # samples of each npz
 TOKENS = 48  # Rotten Tomatoes as edge_un tokenizes it
+REPO = Path(__file__).resolve().parents[1]
 TINY = {"num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 32}
 
 
@@ -328,3 +331,27 @@ def test_roberta_positions_start_after_its_padding_index(rt, text_npz, tmp_path,
                         tmp_path / "out"], capsys)  # fmt: skip
     assert code == 1 and err.count("\n") == 1
     assert "'input_ids' has 48 positions, the model takes at most 47" in err, err
+
+
+def test_the_builder_trains_a_swin_on_mnist_framed_to_32_pixels(tmp_path: Path) -> None:
+    """``python -m benchmarks.make_hf_examples --model swin`` (what benchmarks/hf_families.py
+    trains its Swin with), cut to one epoch: the directory records MNIST padded by 2 pixels, so
+    its own test split comes back at 32 x 32, and the builder exits 0 only if the reloaded model
+    scores the test accuracy it recorded."""
+    out = tmp_path / "swin-ln"
+    argv = ["--model", "swin", "--norm", "ln", "--epochs", "1", "--batch-size", "256",
+            "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    command = [sys.executable, "-m", "benchmarks.make_hf_examples", *argv]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    model, info = edge_un.load_pretrained(out)
+    assert info.architecture == "SwinForImageClassification" and info.norm_kind == "ln"
+    assert (model.config.image_size, model.config.patch_size, model.config.window_size) == (
+        32, 2, 4,
+    )  # fmt: skip
+    assert info.metadata["preprocessing"]["pad"] == 2
+    images, labels = data.checkpoint_split(info, "test")
+    assert images.shape == (1000, 1, 32, 32) and len(labels) == 1000
+    assert info.metadata["model_inputs"] == {
+        "pixel_values": "the preprocessed images, float32 (N, 1, 32, 32)"
+    }

