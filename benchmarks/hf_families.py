@@ -18,13 +18,16 @@ split), what the int8-ready step acted on and the residual stream's range before
 and per target the status (a failed target's one-line reason), the pure int8 file's drift (the
 file before any 16-bit fallback) in the target's arithmetic, the int8 recipe it shipped, the
 conversion's wall time spent on that target, and Vela's split of the ops between the Ethos-U
-NPU and the CPU. The three teachers train two at a time, one thread each;
-``EDGE_UN_BENCH_TEACHERS=DIR`` keeps them for a re-run, as ``benchmarks/hf_migrate.py`` does.
+NPU and the CPU. The three chains train two at a time, one thread each;
+``EDGE_UN_BENCH_TEACHERS=DIR`` keeps the teachers and their migrated and int8-ready directories
+there (``MODEL-ln-0``, ``MODEL-un-0``, ``MODEL-un8-0``), and a re-run reuses what it finds, so
+that after a converter change only the conversions run again (delete a directory to remake it).
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 import tempfile
 import time
@@ -53,41 +56,38 @@ SEED = 0
 # model -> its family, data, and the int8-ready options beyond the command's defaults.
 MODELS: dict[str, dict[str, Any]] = {
     "swin": {"family": "SwinForImageClassification", "data": "MNIST-5k at 32 x 32",
-             "int8_ready": []},
+             "options": []},
     "distilbert": {"family": "DistilBertForSequenceClassification",
-                   "data": "Rotten Tomatoes, 48 tokens", "int8_ready": []},
+                   "data": "Rotten Tomatoes, 48 tokens", "options": []},
     "gpt2": {"family": "GPT2ForSequenceClassification", "data": "Rotten Tomatoes, 48 tokens",
-             "int8_ready": []},
+             "options": []},
 }  # fmt: skip
 STAGES = ("migrated", "int8_ready")  # the directories converted
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colours in a tool's message
 
 
 def prepare(model: str, work: Path) -> dict[str, Any]:
-    """LN teacher -> migrated -> int8-ready through the command line; their paths and times."""
-    teacher = (TEACHERS or work) / f"{model}-ln-{SEED}"
+    """LN teacher -> migrated -> int8-ready through the command line; their paths and the
+    wall time of each step run now (a directory kept from an earlier run is reused)."""
+    kept = TEACHERS or work
+    paths = {"teacher": kept / f"{model}-ln-{SEED}", "migrated": kept / f"{model}-un-{SEED}",
+             "int8_ready": kept / f"{model}-un8-{SEED}"}  # fmt: skip
+    commands = {
+        "train LN": [sys.executable, "-m", "benchmarks.make_hf_examples", "--model", model,
+                     "--norm", "ln", "--seed", str(SEED), "--threads", "1", "--no-progress",
+                     "--out", str(paths["teacher"])],
+        "migrate": [*CLI, "migrate", str(paths["teacher"]), "--seed", str(SEED), "--threads", "1",
+                    "--out", str(paths["migrated"])],
+        "int8-ready": [*CLI, "finetune", str(paths["migrated"]), "--int8-ready",
+                       *MODELS[model]["options"], "--seed", str(SEED), "--threads", "1",
+                       "--out", str(paths["int8_ready"])],
+    }  # fmt: skip
     seconds = {}
-    if (teacher / "config.json").exists():
-        print(f"{model}: teacher {teacher} trained before, reused", flush=True)
-    else:
-        seconds["train LN"] = step(
-            [sys.executable, "-m", "benchmarks.make_hf_examples", "--model", model, "--norm",
-             "ln", "--seed", str(SEED), "--threads", "1", "--no-progress", "--out",
-             str(teacher)], work / f"{model}-train.log",
-        )  # fmt: skip
-    paths = {
-        "teacher": teacher,
-        "migrated": work / f"{model}-un",
-        "int8_ready": work / f"{model}-un8",
-    }
-    seconds["migrate"] = step(
-        [*CLI, "migrate", str(teacher), "--seed", str(SEED), "--threads", "1", "--out",
-         str(paths["migrated"])], work / f"{model}-migrate.log",
-    )  # fmt: skip
-    seconds["int8-ready"] = step(
-        [*CLI, "finetune", str(paths["migrated"]), "--int8-ready", *MODELS[model]["int8_ready"],
-         "--seed", str(SEED), "--threads", "1", "--out", str(paths["int8_ready"])],
-        work / f"{model}-ready.log",
-    )  # fmt: skip
+    for (name, command), path in zip(commands.items(), paths.values(), strict=True):
+        if (path / "config.json").exists():
+            print(f"{model}: {path} made before, reused", flush=True)
+        else:
+            seconds[name] = step(command, work / f"{model}-{path.name}.log")
     print(f"{model}: trained, migrated, int8-ready ({seconds})", flush=True)
     return {"paths": paths, "seconds": seconds}
 
@@ -104,7 +104,7 @@ def training_record(paths: dict[str, Path]) -> dict[str, Any]:
                     "kept_epoch": migration.get("kept_epoch"),
                     "initial_agreement": migration["initial_agreement"],
                     "test_agreement": metadata["migrated"]["test_agreement_with_teacher"]},
-        "int8_ready": {"method": ready["method"], "weight": ready["weight"],
+        "readiness": {"method": ready["method"], "weight": ready["weight"],
                        "applied_to": ready["applied_to"], "epochs": ready["recipe"]["epochs"],
                        "range_before": max(ready["ranges_before"].values()),
                        "range_after": max(ready["ranges_after"].values())},
@@ -161,9 +161,11 @@ def run() -> dict[str, Any]:
         for model, chain in prepared.items():
             record = {**MODELS[model], **training_record(chain["paths"]),
                       "seconds": chain["seconds"]}  # fmt: skip
+            record["converted"] = {}
             for stage in STAGES:
-                record[stage] = conversion(chain["paths"][stage], work / f"{model}-{stage}-out")
-                print(f"{model} {stage}: {_verdict(record[stage])}", flush=True)
+                out = work / f"{model}-{stage}-out"
+                record["converted"][stage] = converted = conversion(chain["paths"][stage], out)
+                print(f"{model} {stage}: {_verdict(converted)}", flush=True)
             results["models"][model] = record
     return results
 
@@ -177,21 +179,36 @@ def _pct(value: float | None) -> str:
 
 def _cell(target: dict[str, Any]) -> str:
     if target.get("pure_agreement") is None:
-        return f"failed: {target.get('error')}"
+        return "failed"  # the reason: in the list under the table
     mark = "" if target["pure_within_bar"] else " **over**"
     return f"{_pct(target['pure_agreement'])} / {target['pure_drop_pts']:.1f} pt{mark}"
 
 
+def _error(message: str | None) -> str:
+    return ANSI.sub("", message or "")
+
+
+def _seconds(seconds: dict[str, float], step: str) -> str:
+    """A step's wall time, or "kept" for a directory made by an earlier run."""
+    return f"{seconds[step]:.0f} s" if step in seconds else "kept"
+
+
 def _verdict(converted: dict[str, Any]) -> str:
-    """``4 of 4 targets within the bars`` or what failed."""
+    """``4 of 4 targets within the bars in pure int8``, and why the others are not."""
     if "error" in converted:
-        return f"conversion failed: {converted['error']}"
+        return f"conversion failed before any target: {_error(converted['error'])}"
     targets = converted["targets"]
     within = [n for n, t in targets.items() if t.get("pure_within_bar")]
-    missed = [f"{n} {_cell(t)}" for n, t in targets.items() if not t.get("pure_within_bar")]
-    return f"{len(within)} of {len(targets)} targets within the bars in pure int8" + (
-        f"; not: {'; '.join(missed)}" if missed else ""
-    )
+    over = [f"{n} {_cell(t)}" for n, t in targets.items() if t.get("pure_within_bar") is False]
+    failed: dict[str, list[str]] = {}
+    for name, target in targets.items():
+        if target.get("pure_agreement") is None:
+            failed.setdefault(_error(target.get("error")), []).append(name)
+    line = f"{len(within)} of {len(targets)} targets within the bars in pure int8"
+    if over:
+        line += f"; over the bars: {', '.join(over)}"
+    line += "".join(f"; {', '.join(names)} failed: {why}" for why, names in failed.items())
+    return line
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -209,15 +226,16 @@ def markdown(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for record in results["models"].values():
-        acc, ready, seconds = record["accuracy"], record["int8_ready"], record["seconds"]
+        acc, ready, seconds = record["accuracy"], record["readiness"], record["seconds"]
         lines.append(
             f"| {record['family']} | {record['data']} | {_pct(acc['teacher'])} "
             f"({record['teacher_epochs']} epochs, {record['teacher_seconds']:.0f} s) | "
             f"{_pct(acc['migrated'])}: {_pct(record['migrate']['test_agreement'])} | "
             f"{_pct(acc['int8_ready'])}: {ready['method']} {ready['weight']:g} on "
             f"{len(ready['applied_to'])}, {ready['range_before']:.0f} -> "
-            f"{ready['range_after']:.0f} | {seconds.get('train LN', 0):.0f} / "
-            f"{seconds['migrate']:.0f} / {seconds['int8-ready']:.0f} s |"
+            f"{ready['range_after']:.0f} | "
+            + " / ".join(_seconds(seconds, step) for step in ("train LN", "migrate", "int8-ready"))
+            + " |"
         )
     lines += [
         "",
@@ -230,23 +248,23 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     for model, record in results["models"].items():
         for stage in STAGES:
-            lines.append(_conversion_row(model, stage, record[stage]))
-    lines += ["", *[f"- {m} {s}: {_verdict(r[s])}" for m, r in results["models"].items()
-                    for s in STAGES]]  # fmt: skip
+            lines.append(_conversion_row(model, stage, record["converted"][stage]))
+    lines += ["", *[f"- {m} {s}: {_verdict(r['converted'][s])}"
+                    for m, r in results["models"].items() for s in STAGES]]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def _conversion_row(model: str, stage: str, converted: dict[str, Any]) -> str:
     if "error" in converted:
-        cells = [f"failed before any target: {converted['error']}"]
+        cells = [f"failed before any target: {_error(converted['error'])}"]
         cells += ["-"] * (len(TARGET_NAMES) - 1) + ["-", f"{converted['seconds']:.0f} in all"]
         return f"| {model} | {stage} | " + " | ".join(cells) + " |"
     targets = converted["targets"]
     cells = [_cell(targets[n]) if n in targets else "-" for n in TARGET_NAMES]
     vela = next((t for t in targets.values() if "npu_ops" in t), None)
     split = "-" if vela is None else f"{vela['npu_ops']} / {len(vela['cpu_ops'])}"
-    if vela is not None and vela["cpu_ops"]:
-        split += f" ({', '.join(sorted(set(vela['cpu_ops'])))})"
+    if vela is not None and vela["cpu_ops"]:  # "OP_TYPE tensor": the op types
+        split += f" ({', '.join(sorted({op.split()[0] for op in vela['cpu_ops']}))})"
     times = " / ".join(f"{targets[n]['seconds']:.0f}" if targets.get(n, {}).get("seconds")
                        else "-" for n in TARGET_NAMES)  # fmt: skip
     return f"| {model} | {stage} | " + " | ".join(cells) + f" | {split} | {times} |"
@@ -257,7 +275,7 @@ def plot(results: dict[str, Any]) -> None:
     figure, axis = plt.subplots(figsize=(2.2 * len(TARGET_NAMES) + 2, 4))
     width = 0.8 / (len(models) * len(STAGES))
     for i, (model, stage) in enumerate((m, s) for m in models for s in STAGES):
-        targets = results["models"][model][stage].get("targets", {})
+        targets = results["models"][model]["converted"][stage].get("targets", {})
         values = [100 * (targets.get(t, {}).get("pure_agreement") or 0) for t in TARGET_NAMES]
         hatch = "" if stage == "int8_ready" else "//"
         axis.bar(np.arange(len(TARGET_NAMES)) + i * width, values, width,
