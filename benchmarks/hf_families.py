@@ -1,19 +1,25 @@
-"""The transformers families users bring, from every form, for every target: built or not.
+"""The transformers families users bring: every family from every form for every target, and
+trained ones through migrate, int8-ready and convert.
 
-    .venv/bin/python -m benchmarks.hf_families                # ~45 min on 2 cores
+    .venv/bin/python -m benchmarks.hf_families                # ~45 + ~60 min on 2 cores
     .venv/bin/python -m benchmarks.hf_families --report-only  # Markdown and plot from the JSON
 
-Nine families (:mod:`testbed.hf_families`: ViT, DeiT, Swin, BERT, DistilBERT, RoBERTa, ALBERT,
-ELECTRA, GPT-2; tiny, random weights, every LayerNorm swapped to UN with trained-looking
-statistics), each exported the three ways users export it (its ``save_pretrained`` directory,
-a ``torch.export`` program, a dynamo ONNX file), each converted for every target with the same
-``calib.npz`` (64 samples) and ``eval.npz`` (200 samples labelled by the model's own fp32
-predictions: random weights, so agreement is int8 against fp32 on random inputs from a fixed
-seed; text at 32 tokens, images at the config's size). Recorded per family, form and target:
-status, top-1 agreement with fp32, the Vela NPU / CPU op split (imx93) or the ops off the
-accelerator (imx8mp, tda4vm), the file's inputs, the fold (which norm folded where), and the
-target's build time (from the pipeline's progress events; the load, fold and fp32 export
-before the first target are the form's own time).
+The matrix (``rows``): nine families (:mod:`testbed.hf_families`: ViT, DeiT, Swin, BERT,
+DistilBERT, RoBERTa, ALBERT, ELECTRA, GPT-2; tiny, random weights, every LayerNorm swapped to
+UN with trained-looking statistics), each exported the three ways users export it (its
+``save_pretrained`` directory, a ``torch.export`` program, a dynamo ONNX file), each converted
+for every target with the same ``calib.npz`` (64 samples) and ``eval.npz`` (200 samples
+labelled by the model's own fp32 predictions: random weights, so agreement is int8 against
+fp32 on random inputs from a fixed seed; text at 32 tokens, images at the config's size).
+Recorded per family, form and target (:mod:`benchmarks.conversion_record`): status, top-1
+agreement with fp32, the Vela NPU / CPU op split (imx93) or the ops off the accelerator
+(imx8mp, tda4vm), the file's inputs, the fold (which norm folded where), and the target's
+build time (the load, fold and fp32 export before the first target are the form's own time).
+
+Trained models (``trained``, :mod:`benchmarks.hf_families_trained`): a Swin on MNIST, a
+DistilBERT and a GPT-2 on Rotten Tomatoes, through ``edge-un migrate`` and ``edge-un finetune
+--int8-ready`` and converted for every target: the pure int8 drift per target, the conversion
+time per target and Vela's split.
 """
 
 from __future__ import annotations
@@ -30,35 +36,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import edge_un
+from benchmarks import hf_families_trained as trained
+from benchmarks.conversion_record import cpu_op_types, target_record, timed_convert
 from benchmarks.results_main import benchmark_main, save_figure
-from converters.progress import ProgressEvent
-from quant.pipeline import convert
-from quant.targets import TARGET_NAMES
+from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, TARGET_NAMES
 from testbed import hf_families
 
 NAME = "hf_families"
 FORMS = hf_families.FORMATS
-
-
-class Clock:
-    """When each target's first and last progress event came, and when the run started."""
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.spans: dict[str, list[float]] = {}
-
-    def __call__(self, event: ProgressEvent) -> None:
-        if event.target is not None:
-            now = time.perf_counter()
-            self.spans.setdefault(event.target, [now, now])[1] = now
-
-    def seconds(self, target: str) -> float | None:
-        span = self.spans.get(target)
-        return None if span is None else span[1] - span[0]
-
-    def before_targets(self) -> float:
-        first = min((span[0] for span in self.spans.values()), default=time.perf_counter())
-        return first - self.started
 
 
 def measure_family(family: str, scratch: Path) -> list[dict[str, Any]]:
@@ -67,34 +52,19 @@ def measure_family(family: str, scratch: Path) -> list[dict[str, Any]]:
     forms = hf_families.export_as_users_do(model, hf_families.user_feeds(model, 1, 7), scratch)
     rows = []
     for form in FORMS:
-        clock = Clock()
-        report = convert(forms[form], calib=calib, eval=evaluation, out_dir=scratch / form,
-                         latency_runs=5, progress=clock)  # fmt: skip
+        report, clock = timed_convert(forms[form], scratch / form, calib=calib, eval=evaluation)
         norms = report.fold["norms"]
-        placements = [[n["name"], n["action"], list(n["into"])] for n in norms]
+        fold = {
+            "norms": len(norms),
+            "folded": sum(n["action"] != "scale_shift" for n in norms),
+            "placements": [[n["name"], n["action"], list(n["into"])] for n in norms],
+            "kept_reasons": [n["reason"] for n in norms if n["action"] == "scale_shift"],
+        }
+        spent = clock.per_target()
         for target in report.targets.values():
-            drift, vela = target.drift, target.vela
-            rows.append(
-                {
-                    "family": family,
-                    "form": form,
-                    "target": target.name,
-                    "status": target.status,
-                    "error": target.error,
-                    "agreement": None if drift is None else drift.agreement,
-                    "samples": None if drift is None else drift.samples,
-                    "npu_ops": None if vela is None else vela.npu_ops,
-                    "cpu_ops": None if vela is None else vela.cpu_ops,
-                    "fallback_ops": target.fallback_ops,
-                    "inputs": {i.name: i.shape for i in target.inputs},
-                    "norms": len(norms),
-                    "folded": sum(n["action"] != "scale_shift" for n in norms),
-                    "placements": placements,
-                    "kept_reasons": [n["reason"] for n in norms if n["action"] == "scale_shift"],
-                    "target_s": clock.seconds(target.name),
-                    "load_fold_s": clock.before_targets(),
-                }
-            )
+            rows.append({"family": family, "form": form, "target": target.name,
+                         **target_record(target, spent.get(target.name)), **fold,
+                         "load_fold_s": clock.before_targets()})  # fmt: skip
         print(f"{family} {form}: {time.perf_counter() - clock.started:.0f} s", flush=True)
     return rows
 
@@ -104,7 +74,7 @@ def run() -> dict[str, Any]:
     for family in hf_families.FAMILIES:
         with tempfile.TemporaryDirectory() as scratch:
             rows += measure_family(family, Path(scratch))
-    return {"rows": rows, "edge_un": edge_un.__version__}
+    return {"rows": rows, "edge_un": edge_un.__version__, "trained": trained.run()}
 
 
 def _cell(row: dict[str, Any] | None) -> str:
@@ -131,9 +101,10 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "Tiny random-weight models (testbed/hf_families.py), every LayerNorm swapped to UN; "
         "each cell: top-1 agreement of the int8 file with fp32 on 200 random inputs (labels "
-        "= the fp32 predictions), status against the bars (drop <= 0.5 pt, agreement >= 99 %), "
-        "then for imx93 the Vela op split NPU/CPU, for imx8mp and tda4vm how many op kinds run "
-        "off the accelerator. imx8mp takes imx93's int8 TFLite file (built once: its 1 s). "
+        "= the fp32 predictions), status against the bars (drop <= "
+        f"{DEFAULT_MAX_DRIFT} pt, agreement >= {100 * DEFAULT_MIN_AGREEMENT:.0f} "
+        "%), then for imx93 the Vela op split NPU/CPU, for imx8mp and tda4vm how many op kinds "
+        "run off the accelerator. imx8mp takes imx93's int8 TFLite file (built once: its 1 s). "
         "Produced by `python -m benchmarks.hf_families`.",
         "",
         f"Built: {len(rows) - len(failed)} of {len(rows)} family x form x target; failed: "
@@ -169,7 +140,7 @@ def markdown(results: dict[str, Any]) -> str:
     if failed:
         lines += ["", "## Failed", ""]
         lines += [f"- {r['family']} {r['form']} {r['target']}: {r['error']}" for r in failed]
-    cpu_ops = sorted({op.split()[0] for r in rows for op in r["cpu_ops"] or []})
+    cpu_ops = cpu_op_types([op for r in rows for op in r["cpu_ops"] or []])
     if cpu_ops:
         lines += ["", f"Ops Vela leaves to the Cortex-A55 (imx93), all families: "
                       f"{', '.join(cpu_ops)}: the int64 and boolean work on the token ids "
@@ -177,7 +148,7 @@ def markdown(results: dict[str, Any]) -> str:
                       "ids, GPT-2's causal mask and last-token index), which Vela refuses as "
                       "'Unsupported dataType Int64' or an op Ethos-U has not; the image "
                       "families have none."]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + trained.markdown(results.get("trained"))
 
 
 def _why(reason: str) -> str:
@@ -188,8 +159,7 @@ def _why(reason: str) -> str:
     return "feeds a Linear of shared layers" if "shares its weight" in forward else forward
 
 
-def plot(results: dict[str, Any]) -> None:
-    rows = results["rows"]
+def _plot_matrix(rows: list[dict[str, Any]], axis: Any) -> Any:
     families = list(dict.fromkeys(r["family"] for r in rows))
     columns = [(form, target) for form in FORMS for target in TARGET_NAMES]
     grid = np.full((len(families), len(columns)), np.nan)
@@ -197,7 +167,6 @@ def plot(results: dict[str, Any]) -> None:
         if r["agreement"] is not None and r["status"] != "failed":
             i, j = families.index(r["family"]), columns.index((r["form"], r["target"]))
             grid[i, j] = 100 * r["agreement"]
-    figure, axis = plt.subplots(figsize=(12, 4.2))
     image = axis.imshow(grid, vmin=90, vmax=100, cmap="viridis", aspect="auto")
     axis.set_xticks(range(len(columns)), [f"{f}\n{t}" for f, t in columns], fontsize=7)
     axis.set_yticks(range(len(families)), families)
@@ -205,8 +174,18 @@ def plot(results: dict[str, Any]) -> None:
         for j in range(len(columns)):
             text = "fail" if np.isnan(grid[i, j]) else f"{grid[i, j]:.1f}"
             axis.text(j, i, text, ha="center", va="center", fontsize=6)
-    figure.colorbar(image, label="int8 agreement with fp32 (%)")
     axis.set_title("Every family, form and target: int8 vs fp32 top-1 agreement")
+    return image
+
+
+def plot(results: dict[str, Any]) -> None:
+    record = results.get("trained")
+    panels = 2 if record else 1
+    figure, axes = plt.subplots(panels, 1, figsize=(12, 4.2 * panels), squeeze=False)
+    image = _plot_matrix(results["rows"], axes[0][0])
+    figure.colorbar(image, ax=axes[0][0], label="int8 agreement with fp32 (%)")
+    if record:
+        trained.plot(record, axes[1][0])
     save_figure(figure, NAME)
 
 

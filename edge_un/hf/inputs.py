@@ -38,8 +38,9 @@ EXAMPLE_SEQUENCE = 128  # tokens of a traced text model when neither data nor a 
 def max_sequence_length(model: nn.Module) -> int | None:
     """The most tokens the model's position table covers: ``max_position_embeddings`` (GPT-2's
     ``n_positions``), less the rows RoBERTa-style models skip (their positions start after the
-    padding index); None when the config does not say."""
-    positions = getattr(model.config, "max_position_embeddings", None)
+    padding index: RoBERTa's 514 positions take 512 tokens); None when the config does not
+    say."""
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if not isinstance(positions, int):
         return None
     embeddings = getattr(getattr(model, "base_model", model), "embeddings", None)
