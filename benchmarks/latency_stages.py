@@ -54,8 +54,9 @@ def main() -> None:
     parser.add_argument("--calib")
     parser.add_argument("--eval")
     parser.add_argument("--targets", help='"cpu,imx93" (default: every target)')
-    parser.add_argument("--max-drift", type=float, default=0.5)
-    parser.add_argument("--min-agreement", type=float, default=0.99)
+    # default: the pipeline's own bars (quant.targets.DEFAULT_BARS)
+    parser.add_argument("--max-drift", type=float)
+    parser.add_argument("--min-agreement", type=float)
     args = parser.parse_args()
 
     peak = {"tree": 0, "child": 0}
@@ -79,15 +80,15 @@ def main() -> None:
     from quant.targets import parse_targets
 
     events.append(("import", 0.0))
+    bars = {"max_drift": args.max_drift, "min_agreement": args.min_agreement}
     report = convert(
         args.model,
         targets=parse_targets(args.targets) if args.targets else None,
         calib=args.calib,
         eval=args.eval,
         out_dir=args.out_dir,
-        max_drift=args.max_drift,
-        min_agreement=args.min_agreement,
         progress=progress,
+        **{name: value for name, value in bars.items() if value is not None},
     )
     total = time.perf_counter() - start
     done.set()

@@ -41,7 +41,7 @@ from edge_un import examples
 from quant.data import Samples, as_feeds, checkpoint_samples
 from quant.drift import measure_drift, onnx_runner
 from quant.ort_int8 import quantize_onnx
-from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES
+from quant.targets import DEFAULT_BARS, PROFILES
 
 MODELS = ("vit-tiny-un", "vit-tiny-ln", "vit-mnist-un", "vit-mnist-ln", "text-rt-un", "text-rt-ln")
 ROUNDS, CALLS, PROFILE_CALLS = 30, 10, 30  # many short rounds: this VM drifts over seconds
@@ -182,7 +182,7 @@ def run_model(name: str) -> dict[str, Any]:
             reference, outputs = (onnx_runner(f)(evaluation.inputs) for f in (fp32, path))
             drift = measure_drift(reference, outputs, evaluation.labels)
             record["drift"] = dataclasses.asdict(drift)
-            record["within_bars"] = drift.within(DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT)
+            record["within_bars"] = drift.within(DEFAULT_BARS)
         steps.append(record)
     sample = timing_inputs[:1]
     latency = interleaved(files, sample)

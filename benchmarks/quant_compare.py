@@ -29,6 +29,7 @@ from converters.progress import ProgressEvent
 from edge_un import examples
 from quant.pipeline import convert
 from quant.report import Report, TargetReport
+from quant.targets import DEFAULT_BARS
 
 PAIRS = (("vit-mnist-un", "vit-mnist-ln"), ("text-rt-un", "text-rt-ln"))
 # UN models migrated from the LN twins (edge-un migrate): listed in the table, not in the pairs.
@@ -61,7 +62,7 @@ def _precision(target: TargetReport) -> str:
 
 
 def _op_types(ops: list[str]) -> str:
-    """"BATCH_MATMUL name", ... -> "BATCH_MATMUL x8, GELU x4" (names are in the report)."""
+    """ "BATCH_MATMUL name", ... -> "BATCH_MATMUL x8, GELU x4" (names are in the report)."""
     counts: dict[str, int] = {}
     for op in ops:
         counts[op.split()[0]] = counts.get(op.split()[0], 0) + 1
@@ -92,7 +93,8 @@ def write_markdown(runs: dict[str, dict]) -> str:
         "# UN vs LayerNorm, through the same int8 pipeline",
         "",
         "Made by `python -m benchmarks.quant_compare`: `quant.convert` on each bundled example,",
-        "all targets, default bars (drop <= 0.5 pt, agreement >= 99 %). Drift on the held-out test",
+        f"all targets, default bars (drop <= {DEFAULT_BARS.max_drop_pts:g} pt, agreement >= "
+        f"{100 * DEFAULT_BARS.min_agreement:.0f} %). Drift on the held-out test",
         "split in each target's arithmetic (exact integer for ONNX targets, LiteRT for TFLite);",
         f"measured on {_hosts(runs)}; latency (one thread, batch 1, median of 100 runs;",
         "other jobs shared the machine, so compare within a row, not across runs). LN models",

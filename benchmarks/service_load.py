@@ -526,8 +526,8 @@ def notes(data: dict[str, Any], by) -> list[str]:
         + "; the counted uploads: p50 "
         + ", ".join(f"{r['requests']['submit']['p50_ms']:.0f} ms" for r in runs)
         + "): an uploaded checkpoint is checked by building it with torch in the API process "
-        "(`service/model_checks.py`), which is also why the API's RSS is ~420 MB; the API "
-        "imports torch in the background as it starts, and an upload right after the start "
+        "(`service/server/uploads/checkpoints.py`), which is also why the API's RSS is ~420 MB; "
+        "the API imports torch in the background as it starts, and an upload right after the start "
         "still waits for the rest of that import.",
         "",
     ]

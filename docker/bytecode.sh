@@ -30,10 +30,10 @@ edge-un token create build >/dev/null 2>&1
 python - <<'END'
 from pathlib import Path
 
-import service.api.app
-import service.celery_app
-import service.server
-import service.job_process
+import service.server.app
+import service.worker.celery_app
+import service.server.serve
+import service.worker.job_process
 from quant.report import Report
 from service.report_html import render_report_html
 

@@ -48,6 +48,9 @@ def main() -> int:
     )
     module = tf.Module()
     module.serve = serve  # tracked, so the saved_model holds the function's constants
+    # and the model's variables (onnx2tf gives a LayerNormalization Keras variables for its
+    # gamma and beta): untracked, saving a LayerNorm model fails ("an 'untracked' resource")
+    module.model = model
     tf.saved_model.save(
         module, args.saved_model, signatures={SIGNATURE: serve.get_concrete_function()}
     )

@@ -23,6 +23,7 @@ from onnxruntime.quantization.qdq_loss_debug import create_activation_matching
 
 from .data import Samples, as_feeds, feed_for
 from .ort_int8 import saved_tensors, static_batch, stream_batch
+from .targets import Bars
 
 EVAL_BATCH = 256
 SQNR_SAMPLES = 64  # enough to rank tensors; streamed, so only one batch is in memory at a time
@@ -41,9 +42,9 @@ class Drift:
     max_abs_err: float
     samples: int
 
-    def within(self, max_drop_pts: float, min_agreement: float) -> bool:
-        drop_ok = self.top1_drop_pts is None or self.top1_drop_pts <= max_drop_pts
-        return drop_ok and self.agreement >= min_agreement
+    def within(self, bars: Bars) -> bool:
+        drop_ok = self.top1_drop_pts is None or self.top1_drop_pts <= bars.max_drop_pts
+        return drop_ok and self.agreement >= bars.min_agreement
 
 
 @dataclass(frozen=True)

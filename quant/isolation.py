@@ -3,20 +3,20 @@
 LiteRT, TensorFlow's converter and Vela are native code that can abort the process they run in
 (LiteRT asserting on a tensor type it does not expect killed the whole CLI with SIGABRT, and no
 report was written). So the pipeline runs each target's builder in a fresh Python process of the
-same interpreter (``python -m quant.isolation``): the child reads the job from a directory
-(its settings as JSON, the samples as .npy files it memory-maps), sends its progress and then
-its typed result (``report.TargetResult``) or its error as JSON lines through a pipe, and writes
-everything the libraries print to a log. A child killed by a signal becomes a one-line reason
-naming the signal and the stage it was in; its log is kept beside the target's artifacts.
+same interpreter (``python -m quant.isolation``): the child reads its job from a directory (a
+``BuildOrder`` as JSON, the samples as .npy files it memory-maps), sends typed messages through
+a pipe, one JSON line each (``Message``: each stage it reaches as a ``ProgressEvent``, then its
+``report.TargetResult`` or its one-line error), and writes everything the libraries print to a
+log. Both sides read and write the protocol through its pydantic models only. A child killed by
+a signal becomes a one-line reason naming the signal and the stage it was in; its log is kept
+beside the target's artifacts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import importlib
-import json
 import os
 import signal
 import subprocess
@@ -24,21 +24,23 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from converters.progress import ProgressEvent
 
 from . import report as schema
 from .data import Samples
 from .errors import one_line
-from .target_job import Bars, TargetJob
-from .targets import TargetProfile
+from .target_job import TargetJob
+from .targets import Bars, TargetProfile
 
 # The builder of each kind of target, as "module:function" (imported in the child).
 ONNX_BUILDER = "quant.onnx_target:build_onnx_target"
 TFLITE_BUILDER = "quant.tflite_target:build_tflite_target"
+ORDER_NAME = "order.json"
 LOG_NAME = "build.log"
 PR_SET_PDEATHSIG = 1
 
@@ -47,8 +49,61 @@ class TargetFailed(RuntimeError):
     """The builder raised: its one-line reason (the pipeline reports the target failed)."""
 
 
+# -- the protocol: what goes to the child, and each message that comes back ---------------------
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class BuildOrder(_Message):
+    """A :class:`TargetJob` as the child reads it: the samples and the fp32 reference as the
+    files it memory-maps, the builder by name; the stage callback is the pipe."""
+
+    builder: str  # "module:function"
+    profile: TargetProfile
+    bars: Bars
+    fp32_path: Path
+    target_dir: Path
+    out_dir: Path
+    calibration: Path  # a directory written by save_samples
+    evaluation: Path
+    reference: Path  # an .npy file
+    latency_runs: int
+    shared_dir: Path
+
+
+class SampleFiles(_Message):
+    """What a samples directory holds besides its arrays (``input{i}.npy``, ``labels.npy``)."""
+
+    inputs: list[str]  # the model's input names, in the order of the files
+    source: str
+
+
+class StageReached(_Message):
+    kind: Literal["stage"] = "stage"
+    event: ProgressEvent  # the stage within the target (fraction of its own build)
+
+
+class Built(_Message):
+    kind: Literal["result"] = "result"
+    result: schema.TargetResult
+
+
+class BuildFailed(_Message):
+    kind: Literal["error"] = "error"
+    reason: str  # the target's one-line reason (builder_reason)
+
+
+Message = Annotated[StageReached | Built | BuildFailed, Field(discriminator="kind")]
+MESSAGES: TypeAdapter[Message] = TypeAdapter(Message)
+
+
 def builder_for(profile: TargetProfile) -> str:
     return ONNX_BUILDER if "onnx_qdq" in profile.artifacts else TFLITE_BUILDER
+
+
+# -- the pipeline's side ------------------------------------------------------------------------
 
 
 class IsolatedBuilds:
@@ -59,7 +114,7 @@ class IsolatedBuilds:
         self.scratch = scratch
         self.samples = {"calibration": calibration, "evaluation": evaluation}
         for part, samples in self.samples.items():
-            _save_samples(samples, scratch / part)
+            save_samples(samples, scratch / part)
         self.references: dict[Path, Path] = {}
 
     def build(self, builder: str, job: TargetJob) -> schema.TargetResult:
@@ -67,7 +122,7 @@ class IsolatedBuilds:
         crash (the log of a crash is kept as ``target_dir/build.log``)."""
         job_dir = self.scratch / job.profile.name
         job_dir.mkdir(exist_ok=True)
-        (job_dir / "job.json").write_text(json.dumps(self._job_document(builder, job)))
+        (job_dir / ORDER_NAME).write_text(self._order(builder, job).model_dump_json())
         log = job_dir / LOG_NAME
         read_end, write_end = os.pipe()
         with log.open("wb") as log_stream:
@@ -78,22 +133,20 @@ class IsolatedBuilds:
             )  # fmt: skip
         os.close(write_end)
         last_stage, outcome = "start", None
-        with os.fdopen(read_end, "r") as messages:
-            for line in messages:
-                message = json.loads(line)
-                if "stage" in message:
-                    event = ProgressEvent(
-                        message["stage"], message["fraction"], None, message["detail"]
-                    )
+        with os.fdopen(read_end, "r") as lines:
+            for line in lines:
+                message = MESSAGES.validate_json(line)
+                if isinstance(message, StageReached):
+                    event = message.event
                     last_stage = event.label
                     job.stage(event.stage, event.fraction, event.detail)
                 else:
                     outcome = message
         code = process.wait()
-        if outcome is not None and "result" in outcome:
-            return schema.TargetResult.model_validate(outcome["result"])
-        if outcome is not None and "error" in outcome:
-            raise TargetFailed(outcome["error"])
+        if isinstance(outcome, Built):
+            return outcome.result
+        if isinstance(outcome, BuildFailed):
+            raise TargetFailed(outcome.reason)
         kept = job.target_dir / LOG_NAME
         kept.write_bytes(log.read_bytes())
         how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
@@ -102,66 +155,47 @@ class IsolatedBuilds:
             f"'{last_stage}'; its output is in {kept.relative_to(job.out_dir).as_posix()}"
         )
 
-    def _job_document(self, builder: str, job: TargetJob) -> dict[str, Any]:
+    def _order(self, builder: str, job: TargetJob) -> BuildOrder:
         reference = self.references.get(job.fp32_path)
         if reference is None:  # one per fp32 export, shared by the targets built from it
             reference = self.scratch / f"reference-{len(self.references)}.npy"
             np.save(reference, job.reference)
             self.references[job.fp32_path] = reference
-        return {
-            "builder": builder,
-            "profile": _profile_document(job.profile),
-            "fp32_path": str(job.fp32_path),
-            "target_dir": str(job.target_dir),
-            "out_dir": str(job.out_dir),
-            "calibration": str(self.scratch / "calibration"),
-            "evaluation": str(self.scratch / "evaluation"),
-            "reference": str(reference),
-            "bars": dataclasses.asdict(job.bars),
-            "latency_runs": job.latency_runs,
-            "shared_dir": str(self.scratch / "shared"),
-        }
+        return BuildOrder(
+            builder=builder,
+            profile=job.profile,
+            bars=job.bars,
+            fp32_path=job.fp32_path,
+            target_dir=job.target_dir,
+            out_dir=job.out_dir,
+            calibration=self.scratch / "calibration",
+            evaluation=self.scratch / "evaluation",
+            reference=reference,
+            latency_runs=job.latency_runs,
+            shared_dir=self.scratch / "shared",
+        )
 
 
-def _save_samples(samples: Samples, directory: Path) -> None:
-    """One .npy file per input (in the model's order), labels apart; the source in a JSON."""
+def save_samples(samples: Samples, directory: Path) -> None:
+    """One .npy file per input (in the model's order), labels apart; the rest in a JSON."""
     directory.mkdir(parents=True, exist_ok=True)
     for index, array in enumerate(samples.feeds.values()):
         np.save(directory / f"input{index}.npy", array)
     if samples.labels is not None:
         np.save(directory / "labels.npy", samples.labels)
-    (directory / "samples.json").write_text(
-        json.dumps({"inputs": list(samples.feeds), "source": samples.source})
-    )
+    about = SampleFiles(inputs=list(samples.feeds), source=samples.source)
+    (directory / "samples.json").write_text(about.model_dump_json())
 
 
-def _load_samples(directory: Path) -> Samples:
-    about = json.loads((directory / "samples.json").read_text())
+def load_samples(directory: Path) -> Samples:
+    about = SampleFiles.model_validate_json((directory / "samples.json").read_text())
     feeds = {
         name: np.load(directory / f"input{index}.npy", mmap_mode="r")
-        for index, name in enumerate(about["inputs"])
+        for index, name in enumerate(about.inputs)
     }
     labels_file = directory / "labels.npy"
     labels = np.load(labels_file) if labels_file.exists() else None
-    return Samples(feeds, labels, about["source"])
-
-
-def _profile_document(profile: TargetProfile) -> dict[str, Any]:
-    return {
-        field.name: sorted(value) if isinstance(value, frozenset) else value
-        for field in dataclasses.fields(profile)
-        for value in [getattr(profile, field.name)]
-    }
-
-
-def _profile(document: dict[str, Any]) -> TargetProfile:
-    """The profile back from JSON: lists become the tuples and frozensets its fields are."""
-    values = dict(document)
-    for field in dataclasses.fields(TargetProfile):
-        if isinstance(values[field.name], list):
-            kind = frozenset if "frozenset" in str(field.type) else tuple
-            values[field.name] = kind(values[field.name])
-    return TargetProfile(**values)
+    return Samples(feeds, labels, about.source)
 
 
 def signal_name(number: int) -> str:
@@ -171,11 +205,12 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-# -- the child process --------------------------------------------------------------------------
+# -- the child's side ----------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """Linux: be killed when the process that started us dies (a job's timeout kills it)."""
+def die_with_parent() -> None:
+    """Linux: be killed (SIGKILL) when the process (strictly: the thread) that started this
+    one ends; elsewhere nothing (the caller's own clean-up has to do)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
@@ -186,42 +221,42 @@ def _import(dotted: str) -> Callable[[TargetJob], schema.TargetResult]:
 
 
 @contextlib.contextmanager
-def _channel(fd: int) -> Iterator[Callable[[dict[str, Any]], None]]:
+def _channel(fd: int) -> Iterator[Callable[[_Message], None]]:
     with os.fdopen(fd, "w") as stream:
 
-        def send(message: dict[str, Any]) -> None:
-            stream.write(json.dumps(message) + "\n")
+        def send(message: _Message) -> None:
+            stream.write(message.model_dump_json() + "\n")
             stream.flush()
 
         yield send
 
 
 def main(job_dir: str, fd: str) -> int:
-    _die_with_parent()
-    document = json.loads((Path(job_dir) / "job.json").read_text())
+    die_with_parent()
+    order = BuildOrder.model_validate_json((Path(job_dir) / ORDER_NAME).read_text())
     with _channel(int(fd)) as send:
         try:
             job = TargetJob(
-                profile=_profile(document["profile"]),
-                fp32_path=Path(document["fp32_path"]),
-                target_dir=Path(document["target_dir"]),
-                out_dir=Path(document["out_dir"]),
-                calibration=_load_samples(Path(document["calibration"])),
-                evaluation=_load_samples(Path(document["evaluation"])),
-                reference=np.load(document["reference"]),
-                bars=Bars(**document["bars"]),
+                profile=order.profile,
+                fp32_path=order.fp32_path,
+                target_dir=order.target_dir,
+                out_dir=order.out_dir,
+                calibration=load_samples(order.calibration),
+                evaluation=load_samples(order.evaluation),
+                reference=np.load(order.reference),
+                bars=order.bars,
                 stage=lambda name, fraction, detail=None: send(
-                    {"stage": name, "fraction": fraction, "detail": detail}
+                    StageReached(event=ProgressEvent(name, fraction, detail=detail))
                 ),
-                latency_runs=document["latency_runs"],
-                shared_dir=Path(document["shared_dir"]),
+                latency_runs=order.latency_runs,
+                shared_dir=order.shared_dir,
             )
-            result = _import(document["builder"])(job)
+            result = _import(order.builder)(job)
         except Exception as error:  # the pipeline reports it as this target's one-line reason
             traceback.print_exc()
-            send({"error": builder_reason(error)})
+            send(BuildFailed(reason=builder_reason(error)))
             return 1
-        send({"result": result.model_dump(mode="json")})
+        send(Built(result=result))
     return 0
 
 

@@ -337,6 +337,36 @@ def sample_runner(
     return run
 
 
+def xnnpack_ops(path: str | Path, threads: int = 1) -> dict[str, tuple[int, int]]:
+    """{op type: (ops of that type in the file, ops XNNPACK's delegate took)}, read from the
+    interpreter that ``run_tflite`` and ``latency_tflite`` use.
+
+    After ``allocate_tensors`` each partition the delegate took is one DELEGATE node whose
+    inputs and outputs are the partition's, while the node list still holds the ops it
+    replaced: an op is delegated when it lies on the way back from a DELEGATE node's outputs
+    to its inputs (a partition is closed, so that walk never leaves it)."""
+    interp = _interpreter(path, threads)
+    nodes = interp._get_ops_details()  # the interpreter's node list, delegate nodes last
+    ops = [node for node in nodes if node["op_name"] != "DELEGATE"]
+    producer = {int(t): node["index"] for node in ops for t in node["outputs"]}
+    taken: set[int] = set()
+    for partition in (node for node in nodes if node["op_name"] == "DELEGATE"):
+        boundary = {int(t) for t in partition["inputs"]}
+        pending = [int(t) for t in partition["outputs"]]
+        while pending:
+            tensor = pending.pop()
+            index = producer.get(tensor)
+            if tensor in boundary or index is None or index in taken:
+                continue
+            taken.add(index)
+            pending += [int(t) for t in nodes[index]["inputs"] if t >= 0]
+    counts: dict[str, tuple[int, int]] = {}
+    for node in ops:
+        total, delegated = counts.get(node["op_name"], (0, 0))
+        counts[node["op_name"]] = (total + 1, delegated + (node["index"] in taken))
+    return counts
+
+
 def latency_tflite(
     path: str | Path, sample: Inputs, threads: int, warmup: int = 10, runs: int = 100
 ) -> Timing:
@@ -356,4 +386,5 @@ __all__ = [
     "sqnr_db",
     "tensor_sqnr_tflite",
     "tensor_values",
+    "xnnpack_ops",
 ]

@@ -78,7 +78,7 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
         for number, recipe in enumerate(profile.int8_recipes):
             stage("quantize", 0.1, "ONNX Runtime" if not number else f"int8 recipe {number + 1}")
             trials.append(RecipeTrial(recipe, quantize_and_measure(recipe, ())))
-            if trials[-1].drift.within(bars.max_drop_pts, bars.min_agreement):
+            if trials[-1].drift.within(bars):
                 break
             missed.append(Path(shutil.copy(artifact, Path(scratch) / f"recipe_{number}.onnx")))
         kept = kept_recipe(trials, bars)
@@ -90,7 +90,7 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
     errors = tensor_sqnr(job.fp32_path, artifact, evaluation)
     int16: tuple[str, ...] = ()
     steps: list[FallbackStep] = []
-    if not drift.within(bars.max_drop_pts, bars.min_agreement) and profile.fallback != "none":
+    if not drift.within(bars) and profile.fallback != "none":
         ranked = [e.name for e in sorted(errors, key=lambda e: e.own_sqnr_db)]
         count = FIRST_FALLBACK_STEP
         while True:
@@ -98,7 +98,7 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
             int16 = tuple(ranked[:count])
             drift = quantize_and_measure(profile, int16)
             steps.append(FallbackStep(int16, drift))
-            if drift.within(bars.max_drop_pts, bars.min_agreement) or count >= len(ranked):
+            if drift.within(bars) or count >= len(ranked):
                 break
             count = min(2 * count, len(ranked))
         if int16:  # the shipped file's own error profile, for the report
@@ -128,7 +128,7 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
     def record(
         figure: Drift, layers: list[schema.LayerError], arithmetic: schema.Arithmetic
     ) -> schema.Drift:
-        return drift_record(figure, name, layers, bars.max_drop_pts, bars.min_agreement, arithmetic)
+        return drift_record(figure, name, layers, bars, arithmetic)
 
     return schema.TargetResult(
         artifacts=[artifact_record(artifact, out_dir, "onnx", description)],
@@ -151,7 +151,7 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
                 recipe=trial.profile.recipe,
                 top1_drop_pts=trial.drift.top1_drop_pts,
                 agreement=trial.drift.agreement,
-                within_bar=trial.drift.within(bars.max_drop_pts, bars.min_agreement),
+                within_bar=trial.drift.within(bars),
             )
             for trial in trials
         ],
@@ -173,7 +173,7 @@ def kept_recipe(trials: list[RecipeTrial], bars: Bars) -> RecipeTrial:
     """The first recipe within the bars; when none is, the one with the highest agreement (the
     smaller drop, then the earlier recipe, breaks a tie): the pure int8 file closest to them."""
     for trial in trials:
-        if trial.drift.within(bars.max_drop_pts, bars.min_agreement):
+        if trial.drift.within(bars):
             return trial
     # max keeps the first of equals: the earlier (cheaper) recipe
     return max(trials, key=lambda t: (t.drift.agreement, -(t.drift.top1_drop_pts or 0.0)))

@@ -154,8 +154,8 @@ def convert(
             calibration_source=calibration.source,
             calibration_samples=len(calibration),
         ),
-        max_drift_pts=max_drift,
-        min_agreement=min_agreement,
+        max_drift_pts=bars.max_drop_pts,
+        min_agreement=bars.min_agreement,
         targets=reports,
         notes=list(folded.fold.notes)
         + [export.note() for export in exports.values()]

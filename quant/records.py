@@ -13,6 +13,7 @@ from .digest import sha256_file
 from .drift import Drift
 from .latency import Timing
 from .litert import input_name as _input_name
+from .targets import Bars
 from .tflite_flatbuffer import TfliteInfo
 
 WORST_LAYERS = 5  # how many of the lowest-SQNR tensors a target's report names
@@ -36,8 +37,7 @@ def drift_record(
     drift: Drift,
     artifact: str,
     worst: list[schema.LayerError],
-    max_drop_pts: float,
-    min_agreement: float,
+    bars: Bars,
     arithmetic: schema.Arithmetic,
 ) -> schema.Drift:
     return schema.Drift(
@@ -51,7 +51,7 @@ def drift_record(
         max_abs_err=drift.max_abs_err,
         samples=drift.samples,
         worst_layers=worst,
-        within_bar=drift.within(max_drop_pts, min_agreement),
+        within_bar=drift.within(bars),
     )
 
 

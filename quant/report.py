@@ -39,9 +39,7 @@ class ModelInput(_Model):
 
 class ModelInfo(_Model):
     name: str
-    source_format: ModelFormat = Field(
-        description="hf: a Hugging Face save_pretrained directory"
-    )
+    source_format: ModelFormat = Field(description="hf: a Hugging Face save_pretrained directory")
     parameters: int | None = Field(description="trainable parameters; None for an ONNX source")
     input_shape: list[int] = Field(description="the first input's: one sample, no batch axis")
     input_dtype: str = Field(description="the first input's")
@@ -144,6 +142,27 @@ class RecipeTrial(_Model):
     within_bar: bool
 
 
+class SymmetricOperand(_Model):
+    """A group of int8 tensors that feed BATCH_MATMUL right operands, requantized by the op that
+    computes them to zero point 0: LiteRT's XNNPACK delegate runs an int8 BATCH_MATMUL only
+    when its right operand is symmetric (``quant.tflite_symmetric``)."""
+
+    tensor: str = Field(description="the producer's output tensor in the artifact's graph")
+    producer: str = Field(description="the op type that computes it, now into zero point 0")
+    tensors: int = Field(
+        description="tensors sharing its quantization: its output and the RESHAPE, TRANSPOSE, "
+        "SPLIT... after it, whose int8 kernels need their input's quantization"
+    )
+    matmuls: int = Field(description="BATCH_MATMULs that take one of them as right operand")
+    scale: float = Field(description="the converter's (asymmetric) scale")
+    zero_point: int = Field(description="the converter's zero point")
+    new_scale: float | None = Field(
+        description="the symmetric scale of the same float range (zero point 0): "
+        "max(|min|, |max|) / 127; None when the group was left as it was"
+    )
+    reason: str | None = Field(default=None, description="why the group was left as it was")
+
+
 class Vela(_Model):
     accelerator: str
     system_config: str
@@ -209,6 +228,12 @@ class TargetResult(_Model):
         default=[], description="each op behind fallback_ops, with its module in the user's model"
     )
     int16_tensors: list[str] = []
+    matmul_operands: list[SymmetricOperand] = Field(
+        default=[],
+        description="a shipped int8 TFLite file: the BATCH_MATMUL right operands it quantizes "
+        "symmetrically so that LiteRT's XNNPACK delegate runs them, each group with the "
+        "converter's quantization and the new one (or why it was left)",
+    )
     excluded: list[Exclusion] = []
     vela: Vela | None = None
     vela_pure_int8: Vela | None = Field(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from .report import Host, Report, TargetReport
 
 
@@ -121,6 +123,31 @@ def inputs_line(target: TargetReport) -> str:
     return "; ".join(parts)
 
 
+def matmul_operands_line(target: TargetReport) -> str | None:
+    """What the int8 TFLite file changed so that XNNPACK runs its BATCH_MATMULs (or why not)."""
+    done = [group for group in target.matmul_operands if group.new_scale is not None]
+    left = [group for group in target.matmul_operands if group.new_scale is None]
+    parts = []
+    if done:
+        kinds = Counter(group.producer for group in done)
+        producers = ", ".join(f"{op} x{count}" for op, count in sorted(kinds.items()))
+        zero_points = ", ".join(str(zp) for zp in sorted({group.zero_point for group in done}))
+        step = max(group.new_scale / group.scale - 1 for group in done if group.new_scale)
+        parts.append(
+            f"the right operands of {sum(group.matmuls for group in done)} int8 BATCH_MATMULs "
+            f"made symmetric by the ops that compute them ({producers}; zero points "
+            f"{zero_points} -> 0, int8 step up to {100 * step:+.1f} %), so that LiteRT's "
+            "XNNPACK runs them"
+        )
+    if left:
+        reasons = "; ".join(f"`{group.tensor}`: {group.reason}" for group in left)
+        parts.append(
+            f"{sum(group.matmuls for group in left)} BATCH_MATMULs keep an asymmetric right "
+            f"operand and run on TFLite's reference kernel ({reasons})"
+        )
+    return "; ".join(parts) or None
+
+
 def latency_title(report: Report) -> str:
     """Where the latency was measured: int8 speed differs by CPU (VNNI or not, Arm dot product)."""
     where = report.host.label() if report.host is not None else "this machine"
@@ -204,6 +231,8 @@ def summary_markdown(report: Report) -> str:
             )
         if target.fallback_ops:
             lines.append(f"- ops off the accelerator: {'; '.join(fallback_op_lines(target))}")
+        if operands := matmul_operands_line(target):
+            lines.append(f"- {operands}")
         if target.vela is not None:
             vela = target.vela
             lines.append(

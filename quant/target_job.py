@@ -9,7 +9,9 @@ from typing import Protocol
 import numpy as np
 
 from .data import Samples
-from .targets import TargetProfile
+from .targets import Bars, TargetProfile
+
+__all__ = ["Bars", "StageCallback", "TargetJob"]
 
 
 class StageCallback(Protocol):
@@ -17,14 +19,6 @@ class StageCallback(Protocol):
     int16")``; the fraction is of the target's own build."""
 
     def __call__(self, name: str, fraction: float, detail: str | None = None) -> None: ...
-
-
-@dataclass(frozen=True)
-class Bars:
-    """The drift an artifact may show: top-1 drop in points and top-1 agreement with fp32."""
-
-    max_drop_pts: float
-    min_agreement: float
 
 
 @dataclass(frozen=True)

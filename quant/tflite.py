@@ -8,7 +8,9 @@ converts that saved_model three times: float32 (LiteRT's reference), full int8 (
 16x8 (int16 activations, int8 weights, int16 I/O), the last two with the same calibration data.
 All use onnx2tf's own converter settings, so the int8 file is what ``onnx2tf -oiqt`` would
 write, but without its five other variants and with integer calibration data for int64 token-id
-inputs, which ``-oiqt`` cannot quantize. Both scripts run in the tool environment.
+inputs, which ``-oiqt`` cannot quantize. Both scripts run in the tool environment. The int8 file
+is then given symmetric BATCH_MATMUL right operands (:mod:`quant.tflite_symmetric`), without
+which LiteRT's XNNPACK leaves every attention product to TFLite's reference kernel.
 
 The scripts run sandboxed (:mod:`quant.tool_sandbox`: a scratch working directory, a minimal
 environment and, where the kernel allows it, no network). onnx2tf downloads a sample-data file
@@ -36,6 +38,7 @@ from .data import as_feeds, feed_for
 from .drift import Inputs
 from .litert import run_tflite
 from .onnx2tf_log import parse_tensor_map
+from .tflite_symmetric import SymmetricOperand, make_matmul_operands_symmetric
 from .tool_sandbox import TfliteConversionError, network_isolation, run_tool
 
 INT8_NAME = "model_int8.tflite"
@@ -57,7 +60,9 @@ class TfliteArtifacts:
     latency).
     ``tensor_map`` maps TFLite tensor names to the ONNX tensor names onnx2tf started from
     (best effort, see ``quant.litert.onnx_names``). ``int16x8`` is None when TensorFlow has no
-    16x8 kernel for some op; ``notes`` then says which.
+    16x8 kernel for some op; ``notes`` then says which. ``matmul_operands``: what
+    :mod:`quant.tflite_symmetric` changed in the int8 file so that XNNPACK runs its
+    BATCH_MATMULs (or why not), one record per group of tensors.
     """
 
     int8: Path
@@ -70,6 +75,7 @@ class TfliteArtifacts:
     quantize_s: float
     network_isolated: bool
     notes: tuple[str, ...] = field(default=())
+    matmul_operands: tuple[SymmetricOperand, ...] = field(default=())
 
     def to_json(self) -> str:
         """The record with its files named relative to the directory that holds them."""
@@ -86,6 +92,9 @@ class TfliteArtifacts:
         for key in ("int8", "int16x8", "float32", "tensor_map", "onnx2tf_log", "quantize_log"):
             fields[key] = None if fields[key] is None else directory / fields[key]
         fields["notes"] = tuple(fields["notes"])
+        fields["matmul_operands"] = tuple(
+            SymmetricOperand(**record) for record in fields.get("matmul_operands", ())
+        )
         return cls(**fields)
 
 
@@ -97,6 +106,7 @@ def convert_tflite(
     timeout_s: float = 900,
     isolate_network: bool | None = None,
     smoke_run: bool = True,
+    symmetric_matmul: bool = True,
 ) -> TfliteArtifacts:
     """Convert a static-batch-1 ONNX model to full-int8 and 16x8 TFLite files.
 
@@ -109,7 +119,9 @@ def convert_tflite(
     ``smoke_run`` runs each file once in LiteRT, in this process, so that a file LiteRT cannot
     run is named in ``notes`` now, not when it is measured; False leaves running the files to
     the caller (one LiteRT aborts on, as LiteRT 2.3 does on the LN ViT-Tiny's 16x8 file, would
-    otherwise take this process with it).
+    otherwise take this process with it). ``symmetric_matmul`` gives every int8 BATCH_MATMUL's
+    right operand zero point 0 at its producer (:mod:`quant.tflite_symmetric`), so that
+    XNNPACK runs it; False keeps the converter's quantization (a benchmark's "before").
     Raises TfliteConversionError (one line), or toolenv.ToolEnvMissingError.
 
     Why onnx2tf without ``-oiqt`` plus our own quantizing step (measured on vit-mnist-un, 256
@@ -194,6 +206,7 @@ def convert_tflite(
         notes = tuple(
             ln.removeprefix("warning: ") for ln in output.splitlines() if ln.startswith("warning: ")
         )
+        operands = make_matmul_operands_symmetric(int8, int8) if symmetric_matmul else ()
         if smoke_run:
             first = {name: array[:1] for name, array in calib.items()}
             notes += _smoke_run((int8, int16x8), first)
@@ -214,6 +227,7 @@ def convert_tflite(
         quantize_s=round(quantize_s, 2),
         network_isolated=isolate,
         notes=notes,
+        matmul_operands=operands,
     )
 
 

@@ -87,7 +87,13 @@ def _op_name(code: schema.OperatorCodeT) -> str:
     return _OP_NAMES.get(builtin, f"BUILTIN_{builtin}")
 
 
-def _tensor_name(tensor: schema.TensorT) -> str:
+def op_type(model: schema.ModelT, op: schema.OperatorT) -> str:
+    """An operator's type, as its builtin name (``CUSTOM:name`` for a custom op)."""
+    return _op_name(model.operatorCodes[op.opcodeIndex])
+
+
+def tensor_name(tensor: schema.TensorT) -> str:
+    """A tensor's name as text (the flatbuffer holds bytes)."""
     name = tensor.name
     return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
 
@@ -99,7 +105,7 @@ def _spec(tensor: schema.TensorT) -> TensorSpec:
         scale, zero_point = float(q.scale[0]), int(q.zeroPoint[0])
     shape = () if tensor.shape is None else tuple(int(d) for d in tensor.shape)
     return TensorSpec(
-        _tensor_name(tensor),
+        tensor_name(tensor),
         _TYPE_NAMES.get(tensor.type, str(tensor.type)),
         shape,
         scale,
@@ -107,7 +113,7 @@ def _spec(tensor: schema.TensorT) -> TensorSpec:
     )
 
 
-def _indices(values: object) -> list[int]:
+def tensor_indices(values: object) -> list[int]:
     """Tensor indices of a flatbuffer vector (None or a numpy array; -1 = optional, absent)."""
     return [] if values is None else [int(i) for i in values if i >= 0]  # type: ignore[attr-defined]
 
@@ -133,14 +139,14 @@ def inspect_tflite(path: str | Path) -> TfliteInfo:
     for index, graph in enumerate(model.subgraphs):
         tensors = graph.tensors or []
         dtypes = [_TYPE_NAMES.get(t.type, "") for t in tensors]
-        graph_in = set(_indices(graph.inputs)) if index == 0 else set()
-        graph_out = set(_indices(graph.outputs)) if index == 0 else set()
+        graph_in = set(tensor_indices(graph.inputs)) if index == 0 else set()
+        graph_out = set(tensor_indices(graph.outputs)) if index == 0 else set()
         boundary: set[int] = set()
         for op in graph.operators or []:
             name = codes[op.opcodeIndex]
             histogram[name] = histogram.get(name, 0) + 1
-            ins, outs = _indices(op.inputs), _indices(op.outputs)
-            ref = OpRef(name, _tensor_name(tensors[outs[0]]) if outs else "")
+            ins, outs = tensor_indices(op.inputs), tensor_indices(op.outputs)
+            ref = OpRef(name, tensor_name(tensors[outs[0]]) if outs else "")
             if index == 0:
                 operators.append(ref)
             if name == "QUANTIZE" and ins and set(ins) <= graph_in:
@@ -153,15 +159,15 @@ def inspect_tflite(path: str | Path) -> TfliteInfo:
                 float_ops.append(ref)
         for i, tensor in enumerate(tensors):
             if dtypes[i] in _FLOAT_TYPES and i not in boundary:
-                float_tensors.append(_tensor_name(tensor))
+                float_tensors.append(tensor_name(tensor))
             elif dtypes[i] == "int16":
-                int16.append(_tensor_name(tensor))
+                int16.append(tensor_name(tensor))
     tensors = main.tensors or []
     return TfliteInfo(
         path=path,
         op_histogram=dict(sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0]))),
-        inputs=tuple(_spec(tensors[i]) for i in _indices(main.inputs)),
-        outputs=tuple(_spec(tensors[i]) for i in _indices(main.outputs)),
+        inputs=tuple(_spec(tensors[i]) for i in tensor_indices(main.inputs)),
+        outputs=tuple(_spec(tensors[i]) for i in tensor_indices(main.outputs)),
         float_tensors=tuple(float_tensors),
         float_ops=tuple(float_ops),
         int16_tensors=tuple(int16),

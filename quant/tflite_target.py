@@ -47,7 +47,7 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     stage("drift", 0.45, "LiteRT")
     pure = _drift(int8, job.reference, evaluation)
     shipped, drift, excluded, vela_pure = int8, pure, [], None
-    over_bar = not pure.within(bars.max_drop_pts, bars.min_agreement)
+    over_bar = not pure.within(bars)
     if over_bar and profile.fallback == "int16_model" and converted.int16x8 is not None:
         wide_file = _keep(converted.int16x8, target_dir / "model_16x8.tflite")
         check_full_integer(inspect_tflite(wide_file), io_dtype=None)
@@ -96,18 +96,22 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     return schema.TargetResult(
         artifacts=artifacts,
         inputs=tflite_inputs(inspect_tflite(shipped)),
-        drift=drift_record(drift, name, worst, bars.max_drop_pts, bars.min_agreement, "litert"),
-        pure_int8_drift=(
-            drift_record(pure, name, [], bars.max_drop_pts, bars.min_agreement, "litert")
-            if shipped != int8
-            else None
-        ),
+        drift=drift_record(drift, name, worst, bars, "litert"),
+        pure_int8_drift=(drift_record(pure, name, [], bars, "litert") if shipped != int8 else None),
         latency=[
             latency_record(latency_tflite(shipped, sample, t, runs=runs), "litert", name)
             for t in thread_counts()
         ],
         fallback_ops=fallback_ops,
         fallback_op_sources=fallback_sources(shipped, fallback_ops, sources, vela_cpu_ops),
+        matmul_operands=(
+            [
+                schema.SymmetricOperand.model_validate(group, from_attributes=True)
+                for group in converted.matmul_operands
+            ]
+            if shipped == int8
+            else []
+        ),
         excluded=excluded,
         vela=vela_record,
         vela_pure_int8=vela_pure_record,

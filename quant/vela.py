@@ -67,7 +67,8 @@ class VelaResult:
     (``cpu_ops`` names each as "OpType tensor_name", as the report does); ``cpu_op_types`` counts
     them by TFLite builtin name, and ``cpu_reasons`` says why, in Vela's words.
     ``cycles`` and ``est_ms`` are Vela's estimate for one batch-1 inference at the config's
-    clock, memory traffic included.
+    clock, memory traffic included; ``cycles_by_op`` splits them by the TFLite op each of
+    Vela's operators was lowered from (its per-layer CSV), most first.
     """
 
     path: Path
@@ -88,6 +89,7 @@ class VelaResult:
     summary_csv: Path
     log: Path
     per_layer_csv: Path | None = None
+    cycles_by_op: dict[str, int] = field(default_factory=dict)
     cpu_reasons: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
 
@@ -186,6 +188,7 @@ def compile_vela(
         summary_csv=summary,
         log=log,
         per_layer_csv=per_layer if per_layer.is_file() else None,
+        cycles_by_op=_cycles_by_op(per_layer) if per_layer.is_file() else {},
         notes=notes,
     )
 
@@ -205,6 +208,20 @@ def _summary_row(summary: Path) -> dict[str, str]:
     if len(rows) != 1 or not needed <= rows[0].keys():
         raise VelaError(f"{summary.name}: not the summary CSV this code reads (Vela changed?)")
     return rows[0]
+
+
+def _cycles_by_op(per_layer: Path) -> dict[str, int]:
+    """{TFLite op as Vela names it (BatchMatMul, Softmax...): its operators' cycles}; they add
+    up to the summary's total."""
+    with per_layer.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and not {"Original Operator", "Op Cycles"} <= rows[0].keys():
+        raise VelaError(f"{per_layer.name}: not the per-layer CSV this code reads (Vela changed?)")
+    cycles: dict[str, float] = {}
+    for row in rows:
+        op = row["Original Operator"]
+        cycles[op] = cycles.get(op, 0.0) + float(row["Op Cycles"])
+    return {op: round(c) for op, c in sorted(cycles.items(), key=lambda kv: (-kv[1], kv[0]))}
 
 
 def _placement(stdout: str) -> tuple[dict[str, int], list[tuple[str, str, str]]]:

@@ -1,8 +1,9 @@
 """The service's refusals: what a request asked that the service will not do, and why.
 
 Domain code (the upload checks, the job actions) raises these with a ``Refusal`` kind, a short
-title and a detail that says what was wrong and what to do; only the HTTP layer
-(``service.api.problems``) turns a kind into a status code and a problem+json body.
+title and a detail that says what was wrong and what to do; only the HTTP server turns a kind
+into a status code (``service.server.http_status``), and that into a problem+json body (the
+API) or a page (the web page).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ class Refusal(Enum):
     UNUSABLE = "unusable"  # a well-formed request whose content cannot be converted
     NOT_FOUND = "not found"  # no such job for this caller
     CONFLICT = "conflict"  # the job is not in a state that allows it
+    FORBIDDEN = "forbidden"  # a form that does not come from the service's own page
+    NOT_SATISFIABLE = "not satisfiable"  # a byte range outside the file asked for
 
 
 class Refused(Exception):

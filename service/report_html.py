@@ -24,6 +24,7 @@ from quant.summary import (
     inputs_line,
     latency_rows,
     latency_title,
+    matmul_operands_line,
     norms_line,
     worst_layer_rows,
 )
@@ -246,6 +247,8 @@ def _target_details(target: TargetReport) -> str:
         )
     if target.fallback_ops:
         parts += ["<p>ops off the accelerator:</p>", _list(fallback_op_lines(target))]
+    if operands := matmul_operands_line(target):
+        parts.append(f"<p>{escape(operands)}</p>")
     parts.append("</section>")
     return "".join(parts)
 

@@ -71,7 +71,7 @@ _STAGE = os.environ.get("EDGE_UN_TEST_ABORT_AFTER_STAGE")
 _HOLD = os.environ.get("EDGE_UN_TEST_HOLD_WHILE")
 if _STAGE or _HOLD:
     try:
-        from service import job_process as _job_process
+        from service.worker import job_process as _job_process
     except Exception:  # another interpreter (a tool's own environment): nothing to hook
         _job_process = None
     if _job_process is not None:

@@ -1,6 +1,7 @@
 """The architecture's rules, read from the source: data flows edge_un -> converters -> quant ->
-service, and no module reaches into another of the project's packages' (or the tests') private
-names.
+service, the folders of a package depend on each other one way (none imports one that imports
+it back, directly or round a cycle), and no module reaches into another of the project's
+packages' (or the tests') private names.
 
 Read with ``ast``, not by importing: a rule broken in a module no test imports still fails here.
 """
@@ -32,8 +33,8 @@ def modules(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
-def dotted(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def dotted(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -45,10 +46,10 @@ def resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
-def uses(path: Path, module: str | None = None) -> list[Use]:
-    """Every import in ``path`` (the module ``module``, default: its place in the tree) and
-    every private attribute read from an imported name."""
-    module = module or dotted(path)
+def uses(path: Path, module: str | None = None, root: Path = ROOT) -> list[Use]:
+    """Every import in ``path`` (the module ``module``, default: its place in the tree under
+    ``root``) and every private attribute read from an imported name."""
+    module = module or dotted(path, root)
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     found: list[Use] = []
     bound: dict[str, str] = {}  # local name -> the module it came from
@@ -81,6 +82,42 @@ def top(name: str) -> str:
     return name.split(".")[0]
 
 
+def folder_imports(paths: list[Path], root: Path = ROOT) -> dict[str, set[str]]:
+    """Which folders (subpackages, at any depth) import which of their sibling folders: a
+    module inside folder ``p.a`` (at any depth below it) importing anything inside ``p.b``."""
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        inside = path.relative_to(root).with_suffix("").parts  # the file's own place
+        for use in uses(path, root=root):
+            for name in filter(None, [use.imported, use.name and f"{use.imported}.{use.name}"]):
+                target = name.split(".")
+                shared = 0
+                while shared < min(len(inside), len(target)) and inside[shared] == target[shared]:
+                    shared += 1
+                in_folder = 0 < shared < len(inside) - 1  # the importer lies below a sibling
+                other = target[: shared + 1]
+                if in_folder and len(target) > shared and root.joinpath(*other).is_dir():
+                    graph.setdefault(".".join(inside[: shared + 1]), set()).add(".".join(other))
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every folder that reaches itself through the graph, with the way round (shortest)."""
+    found = []
+    for start in sorted(graph):
+        ways = [[start, after] for after in sorted(graph[start])]
+        seen: set[str] = set()
+        while ways:
+            way = ways.pop(0)
+            if way[-1] == start:
+                found.append(way)
+                break
+            if way[-1] not in seen:
+                seen.add(way[-1])
+                ways += [[*way, after] for after in sorted(graph.get(way[-1], ()))]
+    return found
+
+
 def product_and_users() -> list[Path]:
     return [path for package in (*LAYERS, *USERS) for path in modules(package)]
 
@@ -102,6 +139,18 @@ def test_no_package_imports_one_to_its_right(layer: str) -> None:
         if top(use.imported) in right
     ]
     assert wrong == []
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_two_folders_of_a_package_import_each_other(layer: str) -> None:
+    """A package's folders (service: server, worker, cli, client, db; server: api, web,
+    uploads; ...) depend on each other one way: none imports a folder that imports it back,
+    directly or round a cycle."""
+    graph = folder_imports(modules(layer))
+    top = ROOT / layer
+    folders = [p.parent for p in modules(layer) if p.name == "__init__.py" and p.parent != top]
+    assert bool(graph) == bool(folders), f"{layer}: its folders {folders}, read {graph}"
+    assert [" -> ".join(way) for way in cycles(graph)] == []
 
 
 def test_no_module_uses_a_private_name_of_another_package() -> None:
@@ -144,3 +193,35 @@ def test_the_rules_catch_what_they_forbid(tmp_path: Path) -> None:
     assert ("converters.pipeline", "_one_line") in found
     assert ("tests.servers", None) in found
     assert ("service.storage", "_private_helper") in found
+
+
+def test_the_folder_rule_catches_folders_that_import_each_other(tmp_path: Path) -> None:
+    """Two folders importing each other (relative and absolute imports, at any depth), and
+    three round a cycle, each fail the folder rule; one-way imports pass it."""
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/shared.py": "",
+        "pkg/a/__init__.py": "from ..b import tool\n",
+        "pkg/a/deep/x.py": "import pkg.shared\n",
+        "pkg/b/__init__.py": "",
+        "pkg/b/tool.py": "from pkg.a.deep import x\n",
+        "pkg/c/__init__.py": "from ..shared import y\nfrom ..b import tool\n",
+        "pkg/c/api/__init__.py": "from ..web.pages import page\n",
+        "pkg/c/web/__init__.py": "",
+        "pkg/c/web/pages.py": "from ..api import routes\n",
+        "pkg/d/__init__.py": "from ..e import f\n",
+        "pkg/e/__init__.py": "from pkg.f import g\n",
+        "pkg/f/__init__.py": "from ..d import h\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = folder_imports(sorted((tmp_path / "pkg").rglob("*.py")), tmp_path)
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.a"}
+    assert graph["pkg.c"] == {"pkg.b"}  # a module beside the folders is no folder
+    assert graph["pkg.c.api"] == {"pkg.c.web"} and graph["pkg.c.web"] == {"pkg.c.api"}
+    found = {" -> ".join(way) for way in cycles(graph)}
+    assert {"pkg.a -> pkg.b -> pkg.a", "pkg.c.api -> pkg.c.web -> pkg.c.api"} <= found
+    assert "pkg.d -> pkg.e -> pkg.f -> pkg.d" in found
+    assert not any(way.startswith("pkg.c ->") for way in found)  # c only imports one way
+    assert cycles({"pkg.c": {"pkg.b"}, "pkg.b": set()}) == []

@@ -164,9 +164,9 @@ def test_the_service_defaults_to_the_targets_this_installation_can_build(
     """An upload's targets are chosen the way `convert` chooses them: the default leaves out
     what the installation cannot build, a named one it cannot build is a 422 before any work."""
     from quant import toolenv
-    from service import intake
-    from service.api.problems import status_of
     from service.errors import UploadRejected
+    from service.server import intake
+    from service.server.http_status import status_of
 
     def names(text: str | None) -> list[str]:
         return [profile.name for profile in intake.parse_targets(text)]

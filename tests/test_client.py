@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from edge_un import examples
-from service.api.schemas import JobOut
 from service.client import Client, ServiceError
+from service.schemas import JobOut
 from testbed.live import ROOT, LiveServer, ServiceMode, fast_job_files, wait_for
 
 from .service_live import hold_hook, is_problem
@@ -469,3 +469,32 @@ def test_submit_wait_of_a_job_that_fails_exits_1_with_its_reason(tmp_path):
     last = result.stderr.splitlines()[-1]
     assert last.startswith(f"edge-un submit: error: the conversion {job.id} failed (")
     assert last.endswith(f": {job.error}") and result.stdout == ""
+
+
+# What only the server and the workers need: a client machine may have none of it.
+SERVER_ONLY = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "celery", "kombu")
+
+
+def test_the_client_and_the_remote_commands_need_none_of_the_servers_dependencies() -> None:
+    """service.client and the remote commands import with every server-only package made
+    unimportable (the client reads the API's schemas from service.schemas, beside the
+    server, not from it)."""
+    code = (
+        "import importlib.abc, sys\n"
+        "class Absent(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        f"        if name.split('.')[0] in {SERVER_ONLY!r}:\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Absent())\n"
+        "from service.client import Client\n"
+        "from service.cli import main\n"
+        "print(main(['submit', '--help']), sorted({m.split('.')[1] for m in sys.modules\n"
+        "      if m.startswith('service.')}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    code, loaded = result.stdout.splitlines()[-1].split(" ", 1)
+    assert code == "0" and "server" not in loaded and "worker" not in loaded, result.stdout

@@ -25,6 +25,7 @@ import torch
 import edge_un
 from edge_un import examples
 from quant.data import InputSpec, checkpoint_samples
+from quant.litert import xnnpack_ops
 from quant.pipeline import convert
 from quant.report import Report
 from quant.targets import TARGET_NAMES, parse_targets
@@ -107,7 +108,10 @@ def check_vit(report: Report, out: Path) -> None:
     assert imx93.status == "ok" and imx93.vela_pure_int8 is None, imx93.excluded
     assert imx93.vela is not None and imx93.vela.cpu_ops == [], imx93.vela
     tflite = next(a for a in imx93.artifacts if a.format == "tflite")
-    check_full_integer(inspect_tflite(out / tflite.name))
+    info = inspect_tflite(out / tflite.name)
+    check_full_integer(info)
+    matmuls = info.op_histogram["BATCH_MATMUL"]  # issue 32: XNNPACK runs each one
+    assert matmuls and xnnpack_ops(info.path)["BATCH_MATMUL"] == (matmuls, matmuls)
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +195,14 @@ def test_the_hf_bert_onnx_default_export_converts_for_every_target(
     for name in ("imx93", "imx8mp"):  # ids and mask stay int64 inputs; nothing in float
         target = report.targets[name]
         tflite = next(a for a in target.artifacts if a.format == "tflite")
-        check_full_integer(inspect_tflite(bert["dir"] / "out_onnx" / tflite.name))
+        info = inspect_tflite(bert["dir"] / "out_onnx" / tflite.name)
+        check_full_integer(info)
+        # issue 32: XNNPACK runs every attention product (each right operand at zero point 0)
+        matmuls = info.op_histogram["BATCH_MATMUL"]
+        assert xnnpack_ops(info.path)["BATCH_MATMUL"] == (matmuls, matmuls) == (4, 4)
+        groups = target.matmul_operands
+        assert sum(g.matmuls for g in groups) == matmuls and all(g.new_scale for g in groups)
+        assert target.drift.within_bar, target.drift
         assert {(i.name, i.dtype) for i in target.inputs} == {
             ("input_ids", "int64"),
             ("attention_mask", "int64"),

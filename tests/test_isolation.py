@@ -8,13 +8,22 @@ import signal
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 import quant.pipeline
+from converters.progress import ProgressEvent
 from edge_un import examples
-from quant.isolation import builder_for
+from quant.isolation import (
+    MESSAGES,
+    BuildFailed,
+    BuildOrder,
+    Built,
+    StageReached,
+    builder_for,
+)
 from quant.pipeline import convert
-from quant.report import Report
-from quant.targets import parse_targets
+from quant.report import Report, TargetResult
+from quant.targets import PROFILES, Bars, parse_targets
 
 
 @pytest.fixture
@@ -97,3 +106,32 @@ def test_when_every_target_fails_the_cli_shows_each_targets_own_reason(
     assert report.reference.top1_fp32 is not None  # the fp32 export still ran once
     assert "op Foo has no int8 kernel" in printed
     assert "killed by SIGABRT" in printed and "imx93/build.log" in printed
+
+
+@pytest.mark.parametrize("name", list(PROFILES))
+def test_a_build_order_crosses_to_the_child_whole(name: str, tmp_path: Path) -> None:
+    """Every profile (its tuples, frozensets and literals) and the bars come back equal."""
+    order = BuildOrder(
+        builder=builder_for(PROFILES[name]), profile=PROFILES[name], bars=Bars(0.25, 0.98),
+        fp32_path=tmp_path / "m.onnx", target_dir=tmp_path / name, out_dir=tmp_path,
+        calibration=tmp_path / "c", evaluation=tmp_path / "e", reference=tmp_path / "r.npy",
+        latency_runs=3, shared_dir=tmp_path / "s",
+    )  # fmt: skip
+    back = BuildOrder.model_validate_json(order.model_dump_json())
+    assert back == order and back.profile == PROFILES[name]
+    assert isinstance(back.profile.float_inputs, frozenset)
+    assert isinstance(back.profile.artifacts, tuple)
+    document = order.model_dump(mode="json")
+    document["profile"]["int8_ladder"] = ["nope"]
+    with pytest.raises(ValidationError, match="unknown int8 recipes"):  # the profile's own check
+        BuildOrder.model_validate(document)
+
+
+def test_each_message_comes_back_as_its_own_type() -> None:
+    event = ProgressEvent("fallback", 0.4, detail="8 tensors to int16")
+    sent = [StageReached(event=event), Built(result=TargetResult()), BuildFailed(reason="why")]
+    back = [MESSAGES.validate_json(message.model_dump_json()) for message in sent]
+    assert back == sent
+    assert back[0].event == event  # the event itself, not a label to parse
+    with pytest.raises(ValidationError):
+        MESSAGES.validate_json('{"kind": "progress", "stage": "x"}')

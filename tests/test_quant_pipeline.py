@@ -26,6 +26,7 @@ import pytest
 import edge_un
 from edge_un import data as edge_data
 from edge_un import examples
+from quant.litert import xnnpack_ops
 from quant.report import SCHEMA_FILE, Report, json_schema_text
 from quant.targets import TARGET_NAMES, parse_targets
 from quant.tflite_flatbuffer import check_full_integer, inspect_tflite
@@ -114,6 +115,10 @@ def test_imx_files_are_fully_integer_and_vela_places_every_int8_op_on_the_npu(
         info = inspect_tflite(out / tflite.name)
         check_full_integer(info, io_dtype="int8" if "16x8" not in tflite.name else None)
         assert not info.float_tensors and not info.float_ops
+        if "16x8" not in tflite.name:  # issue 32: XNNPACK runs every attention product
+            matmuls = info.op_histogram["BATCH_MATMUL"]
+            assert xnnpack_ops(info.path)["BATCH_MATMUL"] == (matmuls, matmuls) == (8, 8)
+            assert sum(g.matmuls for g in target.matmul_operands) == matmuls
     imx93 = report.targets["imx93"]
     vela = imx93.vela
     assert vela is not None and vela.cycles > 0 and vela.est_ms > 0 and vela.sram_kib > 0
@@ -164,6 +169,9 @@ def test_report_md_and_json_agree(converted, report: Report) -> None:
     for target in report.targets.values():
         assert f"## {target.name}:" in text
         assert f"{100 * target.drift.agreement:.1f} %" in text
+        matmuls = sum(group.matmuls for group in target.matmul_operands)
+        said = f"the right operands of {matmuls} int8 BATCH_MATMULs made symmetric" in text
+        assert said == (matmuls > 0), target.name
     assert np.isfinite([t.latency[0].p50_ms for t in report.targets.values()]).all()
 
 

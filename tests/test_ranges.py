@@ -1,4 +1,4 @@
-"""``service.api.ranges``: a Range header is refused (problem+json) exactly when the
+"""``service.server.ranges``: a Range header is refused (problem+json) exactly when the
 FileResponse that serves the file would refuse it (in plain text), and with the status the
 service has always given (400: not a byte range, 416: does not fit)."""
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.responses import FileResponse
 
-from service.api.ranges import range_status
+from service.server.ranges import range_status
 
 SIZE = 100
 number = st.sampled_from(["0", "5", "99", "100", "150", "", " 3", "1_0", "a", "-"])

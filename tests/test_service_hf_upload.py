@@ -1,11 +1,11 @@
 """A Hugging Face save_pretrained directory uploaded as one .zip: checked like every upload.
 
-Each case goes through ``service.intake.check_files`` (what the route runs after streaming the
-files to disk), as ``tests/test_service_uploads.py`` does for the corpus: a good archive becomes
-the model's own directory with only ``config.json`` and the safetensors in it; a traversal, a
-symbolic link, a pickle-only directory, a LayerNorm model, custom code or two models in one
-archive are 422 with what was wrong, and nothing of theirs is extracted. The live server's run
-of a zipped directory is in ``tests/test_service_e2e.py``.
+Each case goes through ``service.server.intake.check_files`` (what the route runs after
+streaming the files to disk), as ``tests/test_service_uploads.py`` does for the corpus: a good
+archive becomes the model's own directory with only ``config.json`` and the safetensors in it; a
+traversal, a symbolic link, a pickle-only directory, a LayerNorm model, custom code or two
+models in one archive are 422 with what was wrong, and nothing of theirs is extracted. The live
+server's run of a zipped directory is in ``tests/test_service_e2e.py``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from edge_un import examples
-from service import intake
-from service.api.problems import status_of
 from service.errors import UploadRejected
-from service.uploads import HF_DIRECTORY
+from service.server import intake
+from service.server.http_status import status_of
+from service.upload_layout import HF_DIRECTORY
 
 UN = "hf-vit-mnist-un"
 

@@ -1,7 +1,7 @@
 """Upload handling of the service: streaming with a limit, file-name labels, content checks.
 
 Every case of the bad-upload corpus (``tests/upload_corpus.py``) goes through the same steps a
-route takes (label, stream to disk, parse targets, ``service.intake.check_files``: config,
+route takes (label, stream to disk, parse targets, ``service.server.intake.check_files``: config,
 model with its external data, data against the model's inputs) and must stop with its status
 and message; good uploads of every format pass. The HTTP tests replay the same corpus against
 a real server.
@@ -24,19 +24,19 @@ import torch
 from edge_un import examples
 from quant.errors import UnknownTargetError
 from quant.targets import parse_targets
-from service import intake
-from service.api.problems import status_of
 from service.errors import UploadRejected
-from service.model_checks import check_size
-from service.settings import Settings
-from service.upload_checks import (
+from service.server import intake
+from service.server.http_status import status_of
+from service.server.uploads.checks import (
     DEFAULT_MAX_PARAMETERS,
     implied_parameters,
     inspect_model,
     inspect_npz,
 )
-from service.upload_checks import inspect_config as read_config
-from service.uploads import data_file_name, safe_label, save_upload
+from service.server.uploads.checks import inspect_config as read_config
+from service.server.uploads.files import data_file_name, safe_label, save_upload
+from service.server.uploads.model_upload import check_size
+from service.settings import Settings
 
 from .upload_corpus import (
     CASE_NAMES,
@@ -148,8 +148,9 @@ def test_forged_config_is_refused_before_building(tmp_path: Path) -> None:
     child = (
         "import json, resource, sys\n"
         "from edge_un import examples\n"
-        "from service.upload_checks import inspect_model\n"
-        "from service.api.problems import status_of\nfrom service.errors import UploadRejected\n"
+        "from service.server.uploads.checks import inspect_model\n"
+        "from service.server.http_status import status_of\n"
+        "from service.errors import UploadRejected\n"
         "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024\n"
         "before = peak()\n"
         "try:\n"
@@ -320,7 +321,7 @@ def test_npz_arrays_are_checked_against_the_model_inputs(tmp_path: Path) -> None
 
 
 def test_model_inputs_are_read_without_running_anything(tmp_path: Path) -> None:
-    from service.model_checks import architecture_inputs
+    from service.server.uploads.checkpoints import architecture_inputs
 
     assert architecture_inputs("VisionTransformer") == ("images",)
     assert architecture_inputs("TextTransformer") == ("token_ids",)

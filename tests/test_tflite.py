@@ -229,6 +229,25 @@ def test_streamed_tflite_sqnr_equals_all_samples_at_once(rgb) -> None:
     assert checked >= len(streamed) - 2, (checked, len(streamed))
 
 
+def test_a_layernorm_model_converts(tmp_path: Path) -> None:
+    """onnx2tf builds an ONNX LayerNormalization as a Keras layer with variables (gamma, beta):
+    the saved_model must track them, else saving fails ("an 'untracked' resource")."""
+    torch.manual_seed(0)
+    model = VisionTransformer(
+        img_size=16, in_chans=1, patch_size=8, dim=16, depth=1, heads=2, num_classes=4, norm="ln"
+    )
+    path = tmp_path / "ln.onnx"
+    export_onnx(model.eval(), (torch.randn(1, 1, 16, 16),), path, opset=20, dynamic_batch=False)
+    assert "LayerNormalization" in {node.op_type for node in onnx.load(str(path)).graph.node}
+    calib = np.random.default_rng(0).standard_normal((16, 1, 16, 16)).astype(np.float32)
+    # no smoke run: LiteRT 2.3 aborts the process on an LN model's 16x8 file
+    artifacts = convert_tflite(path, calib, tmp_path / "tflite", smoke_run=False)
+    check_full_integer(inspect_tflite(artifacts.int8), io_dtype="int8")
+    reference = _onnx_outputs(path, calib)
+    int8 = run_tflite(artifacts.int8, calib)
+    assert np.sum(int8 * reference) / (np.linalg.norm(int8) * np.linalg.norm(reference)) > 0.8
+
+
 def test_int64_token_ids_take_the_saved_model_route(text) -> None:
     onnx_path, ids, artifacts = text
     info = inspect_tflite(artifacts.int8)

@@ -2,11 +2,11 @@
 
 ``bad_cases(workdir, max_upload_bytes)`` writes each bad upload under ``workdir`` and returns
 :class:`UploadCase` records: the multipart files (field -> client file name, file on disk; the
-repeatable ``model_data`` parts apart, in order) and form fields to send to
-``POST /v1/conversions``, and the expected status and a fragment of the problem's ``detail``
-(lower case). ``tests/test_service_uploads.py`` runs them through ``service.uploads`` /
-``service.intake`` / ``service.upload_checks`` directly; the HTTP tests send the same cases to a
-real server. ``good_cases`` are uploads that must be accepted.
+repeatable ``model_data`` parts apart, in order) and form fields to send to ``POST
+/v1/conversions``, and the expected status and a fragment of the problem's ``detail`` (lower
+case). ``tests/test_service_uploads.py`` runs them through ``service.server.uploads.files`` /
+``service.server.intake`` / ``service.server.uploads.checks`` directly; the HTTP tests send the
+same cases to a real server. ``good_cases`` are uploads that must be accepted.
 
 Replaying over HTTP::
 

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from quant.targets import DEFAULT_MAX_DRIFT
+
 from . import output
 from .app import command, exit_code
 from .choices import DEFAULT_MODEL, EXAMPLES, HF_EXAMPLES, TARGETS
@@ -124,7 +126,7 @@ def convert(
     ] = None,
     max_drift: Annotated[
         float, typer.Option(metavar="PTS", help="Top-1 drop allowed, in points.")
-    ] = 0.5,
+    ] = DEFAULT_MAX_DRIFT,
     config: Config = None,
     allow_online: AllowOnline = False,
     recalibrate: Annotated[

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from converters.progress import ProgressEvent
+from quant.targets import DEFAULT_MAX_DRIFT
 from service.job_states import ACTIVE, ENDED
 
 from . import output
@@ -23,8 +24,8 @@ from .choices import EXAMPLES, HF_EXAMPLES, TARGETS
 from .summary import print_summary
 
 if TYPE_CHECKING:
-    from service.api.schemas import JobOut
     from service.client import Client
+    from service.schemas import JobOut
 
 PANEL = "Remote (a running edge-un serve)"
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -169,7 +170,8 @@ def submit(
         ),
     ] = None,
     max_drift: Annotated[
-        float | None, typer.Option(metavar="PTS", help="Top-1 drop allowed (default 0.5).")
+        float | None,
+        typer.Option(metavar="PTS", help=f"Top-1 drop allowed (default {DEFAULT_MAX_DRIFT:g})."),
     ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Follow the job to its end, then show the summary.")

@@ -23,7 +23,7 @@ def serve(
     """
     service_settings = settings()
     try:
-        from service.server import serve as run_server
+        from service.server.serve import serve as run_server
     except ModuleNotFoundError as error:
         raise ModuleNotFoundError(
             f"the HTTP service needs {error.name}: pip install 'edge-un[service]'"

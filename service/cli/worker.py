@@ -38,7 +38,7 @@ def worker(
     """
     service_settings = settings()
     try:
-        from service.celery_app import ping_worker, run_worker
+        from service.worker.celery_app import ping_worker, run_worker
     except ModuleNotFoundError as error:
         raise ModuleNotFoundError(
             f"the Celery worker needs {error.name}: pip install 'edge-un[service]'"

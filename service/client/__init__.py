@@ -9,7 +9,7 @@
         paths = client.download(job.id, "out/")     # resumable, checked against the sha256s
 
 Every answer is parsed into the pydantic models the server answers with
-(``service.api.schemas``; the report into ``quant.report.Report``), so a client and a server
+(``service.schemas``; the report into ``quant.report.Report``), so a client and a server
 of different versions disagree loudly, at the field. Every error is one ``ServiceError`` that
 carries the server's problem+json (RFC 9457) ``detail``. A 503 and a lost connection are
 retried with exponential backoff (honouring ``Retry-After``); an upload is re-sent only when

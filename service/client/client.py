@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-from ..api.schemas import ArtifactOut, JobOut, JobPage, TargetOut
 from ..job_states import FINISHED
+from ..schemas import ArtifactOut, JobOut, JobPage, TargetOut
 from .errors import ServiceError, problem_error, reason
 from .files import inside, range_start, sha256_file, zip_hf_directory
 

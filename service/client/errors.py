@@ -7,7 +7,7 @@ import contextlib
 import httpx
 from pydantic import ValidationError
 
-from ..api.schemas import ProblemDetails
+from ..schemas import ProblemDetails
 
 
 class ServiceError(Exception):

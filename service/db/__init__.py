@@ -2,7 +2,7 @@
 
 from .migrate import upgrade
 from .models import Base, Job, JobStage, Token
-from .session import get_engine, session_factory, session_scope
+from .session import get_engine, ping, session_factory, session_scope
 
 __all__ = [
     "Base",
@@ -10,6 +10,7 @@ __all__ = [
     "JobStage",
     "Token",
     "get_engine",
+    "ping",
     "session_factory",
     "session_scope",
     "upgrade",

@@ -1,6 +1,6 @@
 """Database tables: API tokens, conversion jobs and the time each job spent in each stage.
 
-These are storage records, kept apart from the API's pydantic schemas (service.api.schemas):
+These are storage records, kept apart from the API's pydantic schemas (service.schemas):
 the wire format can change without a migration and the reverse.
 """
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..settings import Settings
@@ -56,6 +56,12 @@ def session_scope(settings: Settings) -> Iterator[Session]:
     """A session committed on success, rolled back on error, always closed."""
     with session_factory(settings)() as session, session.begin():
         yield session
+
+
+def ping(settings: Settings) -> None:
+    """Raise unless the database answers a query."""
+    with session_scope(settings) as session:
+        session.execute(text("SELECT 1"))
 
 
 def dispose_engines(close: bool = True) -> None:
