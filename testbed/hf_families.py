@@ -14,6 +14,7 @@ import contextlib
 import copy
 import inspect
 import io
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,25 +124,33 @@ def write_data(model: nn.Module, directory: Path, seed: int = 0) -> tuple[Path, 
 
 
 def export_as_users_do(
-    model: nn.Module, feeds: dict[str, np.ndarray], directory: Path
+    model: nn.Module,
+    feeds: dict[str, np.ndarray],
+    directory: Path,
+    forms: Sequence[str] = FORMATS,
 ) -> dict[str, Path]:
-    """The model in each of FORMATS, from a batch of one of ``feeds``, by keyword as a
-    tokenizer's output is passed (a decoder with ``use_cache=False``); the ONNX file with the
-    exporter's defaults, except that HF Swin's is exported with eager attention: torch's
-    exporter fails on its scaled_dot_product_attention (strides of a view it cannot redo)."""
+    """The model in each of ``forms`` (default: all FORMATS), from a batch of one of
+    ``feeds``, by keyword as a tokenizer's output is passed (a decoder with
+    ``use_cache=False``); the ONNX file with the exporter's defaults, except that HF Swin's is
+    exported with eager attention: torch's exporter fails on its
+    scaled_dot_product_attention (strides of a view it cannot redo)."""
     kwargs: dict[str, Any] = {n: torch.from_numpy(a[:1]) for n, a in feeds.items()}
     kwargs.update(_no_cache(model))
-    paths = {name: directory / name for name in ("directory", "model.pt2", "model.onnx")}
-    edge_un.save_pretrained(model, paths["directory"])
-    torch.export.save(torch.export.export(model, (), kwargs), paths["model.pt2"])
-    exported = model
-    if isinstance(model, edge_un.hf.require_transformers().SwinPreTrainedModel):
-        exported = copy.deepcopy(model)
-        exported.set_attn_implementation("eager")
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        torch.onnx.export(exported, (), paths["model.onnx"], kwargs=kwargs,
-                          input_names=list(feeds), dynamo=True)  # fmt: skip
-    return dict(zip(FORMATS, paths.values(), strict=True))
+    names = ("directory", "model.pt2", "model.onnx")
+    paths = {form: directory / name for form, name in zip(FORMATS, names, strict=True)}
+    if "directory" in forms:
+        edge_un.save_pretrained(model, paths["directory"])
+    if "pt2" in forms:
+        torch.export.save(torch.export.export(model, (), kwargs), paths["pt2"])
+    if "onnx" in forms:
+        exported = model
+        if isinstance(model, edge_un.hf.require_transformers().SwinPreTrainedModel):
+            exported = copy.deepcopy(model)
+            exported.set_attn_implementation("eager")
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            torch.onnx.export(exported, (), paths["onnx"], kwargs=kwargs,
+                              input_names=list(feeds), dynamo=True)  # fmt: skip
+    return {form: paths[form] for form in forms}
 
 
 def _no_cache(model: nn.Module) -> dict[str, bool]:

@@ -103,7 +103,16 @@ def placements(report: FoldReport) -> dict[str, tuple[str, tuple[str, ...]]]:
     return {norm.name: (norm.action, norm.into) for norm in report.norms}
 
 
-@pytest.mark.parametrize("name", [*BUNDLED, *HF, "bert-token-types", *FAMILIES])
+# Swin and GPT-2 from every format here; the other families (their directory, .pt2 and dynamo
+# ONNX folds: tests/test_hf_families_convert.py) with -m slow.
+QUICK_FAMILIES = ("swin", "gpt2")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [*BUNDLED, *HF, "bert-token-types", *QUICK_FAMILIES]
+    + [pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES if f not in QUICK_FAMILIES],
+)
 def test_every_source_format_folds_the_same_norms_into_the_same_layers(
     name: str, tmp_path: Path
 ) -> None:

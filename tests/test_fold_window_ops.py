@@ -4,6 +4,10 @@ reshapes and transposes), its classifier pooling (channels moved to axis 1 and a
 tokens), GPT-2's Conv1D (``addmm`` with an (in, out) weight) and ALBERT's shared norm, called
 once per layer. A pad that adds positions folds only where it is exact: when the norm's shift
 is zero (the padded zeros stay zeros); otherwise the norm stays one Mul + Add and says why.
+
+The unshifted and double-shift windows and the pooling are marked slow: a real HF Swin's
+unshifted and shifted blocks and its pooled classifier fold from every form in the default
+suite (tests/test_hf_families_convert.py).
 """
 
 from __future__ import annotations
@@ -120,7 +124,12 @@ def placements(report: FoldReport) -> list[tuple[str, str, tuple[str, ...]]]:
     return [(n.name, n.action, n.into) for n in report.norms]
 
 
-@pytest.mark.parametrize(("pad", "shift"), [(0, 0), (0, 1), (0, 2)])
+SLOW = pytest.mark.slow  # HF Swin's blocks (unshifted, shifted) fold in the default suite
+
+
+@pytest.mark.parametrize(
+    ("pad", "shift"), [pytest.param(0, 0, marks=SLOW), (0, 1), pytest.param(0, 2, marks=SLOW)]
+)
 def test_a_window_partition_that_pads_nothing_folds_into_q_k_v(
     pad: int, shift: int, tmp_path: Path
 ) -> None:
@@ -143,6 +152,7 @@ def test_a_pad_that_adds_zeros_is_exact_only_without_a_shift(tmp_path: Path) -> 
         assert placements(report) == [("norm", "folded_forward", ("q", "k", "v"))], str(report)
 
 
+@SLOW  # HF Swin's last norm folds into its classifier in tests/test_hf_families_convert.py
 def test_pooling_with_channels_on_axis_1_folds_into_the_head(tmp_path: Path) -> None:
     model = randomize_norm_state(Pooled(), 2)
     for report in folded_both_ways(model, torch.randn(3, 5, C), tmp_path):

@@ -9,11 +9,16 @@ its fp32 file for every target's opset and batch computes what the model does, a
 sequence length or image size of the user's data. The quantized build of every family, form
 and target is ``benchmarks/hf_families.py``; here a few families build the quick targets (cpu,
 tda4vm) through the Python API, targets named as strings.
+
+The default suite folds every family from one form (its fp32 files from its ONNX file) and
+Swin from every form; the full matrix, every family from every form, is marked slow (``pytest -m
+slow``), and ``python -m benchmarks.hf_families`` runs it quantized for every target.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -49,27 +54,31 @@ EXPORTS = sorted({(p.opset, p.static_batch) for p in PROFILES.values()})
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """family -> its model, data and forms, each made once, when first asked for; and each
-    form folded once, with the calibration data's shapes (``folded``)."""
+def made(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict]:
+    """family -> its model, data and the forms asked for so far, each made once, when first
+    asked for; and each form folded once, with the calibration data's shapes (``folded``)."""
     cache: dict[str, dict] = {}
 
-    def make(family: str) -> dict:
+    def make(family: str, *forms: str) -> dict:
         if family not in cache:
             directory = tmp_path_factory.mktemp(family)
             model = hf_families.build(family)
             calib, evaluation = hf_families.write_data(model, directory)
-            one = hf_families.user_feeds(model, 1, seed=7)
-            forms = hf_families.export_as_users_do(model, one, directory)
-            cache[family] = {"model": model, "calib": calib, "eval": evaluation, **forms}
-            cache[family]["folded"] = {}
-        return cache[family]
+            cache[family] = {"model": model, "calib": calib, "eval": evaluation,
+                             "scratch": directory, "folded": {}}  # fmt: skip
+        files = cache[family]
+        missing = [form for form in forms if form not in files]
+        if missing:
+            one = hf_families.user_feeds(files["model"], 1, seed=7)
+            files.update(hf_families.export_as_users_do(files["model"], one, files["scratch"],
+                                                        forms=missing))  # fmt: skip
+        return files
 
     return make
 
 
 def folded(made, family: str, form: str) -> FoldedSource:
-    files = made(family)
+    files = made(family, form)
     if form not in files["folded"]:
         shapes = sample_shapes(files["calib"])
         files["folded"][form] = load_and_fold(files[form], input_shapes=shapes)
@@ -80,16 +89,25 @@ def placements(source: FoldedSource) -> list[tuple[str, str, tuple[str, ...]]]:
     return [(n.name, n.action, n.into) for n in source.fold.norms]
 
 
+SLOW = pytest.mark.slow  # the other forms of every family: the full matrix
+EVERY_FAMILY = [f if f == "swin" else pytest.param(f, marks=SLOW) for f in hf_families.FAMILIES]
+
+
+# The form each family folds from in the default suite: the directory (traced at the data's
+# shapes, not its 64 positions) for Swin and GPT-2, else the dynamo ONNX file (cheap to export
+# again per opset, where a directory or .pt2 is traced again by torch's exporter).
+DEFAULT_FORM = {f: "directory" if f in ("swin", "gpt2") else "onnx" for f in hf_families.FAMILIES}
+
+
 @pytest.mark.parametrize("family", hf_families.FAMILIES)
-def test_every_family_folds_the_same_from_every_form(made, family: str) -> None:
-    reports = {form: folded(made, family, form) for form in hf_families.FORMATS}
-    first = placements(reports["directory"])
-    for form, source in reports.items():
-        assert placements(source) == first, (form, str(source.fold))
+def test_every_family_folds_its_norms_where_the_maths_allows(made, family: str) -> None:
+    """At the data's sequence length or image size: pre-norm families fold every norm;
+    post-norm ones all but the three that feed a residual."""
+    source = folded(made, family, DEFAULT_FORM[family])
     data = {n: a.shape[1:] for n, a in np.load(made(family)["calib"]).items()}
-    traced = dict(zip(reports["directory"].input_names, reports["directory"].example, strict=True))
+    traced = dict(zip(source.input_names, source.example, strict=True))
     assert {n: t.shape[1:] for n, t in traced.items()} == data  # the data's length, not 64
-    fold = reports["directory"].fold
+    fold = source.fold
     assert fold.fully_integer and fold.folded, str(fold)
     if family in PRE_NORM:
         assert not fold.kept, str(fold)
@@ -97,6 +115,16 @@ def test_every_family_folds_the_same_from_every_form(made, family: str) -> None:
         assert len(fold.norms) == 5 and len(fold.kept) == 3, str(fold)
         for norm in fold.kept:  # post-norm: it is added to the residual stream
             assert "adds it to another tensor (a residual" in norm.reason, str(norm)
+
+
+@pytest.mark.parametrize("family", EVERY_FAMILY)
+def test_every_family_folds_the_same_from_every_form(made, family: str) -> None:
+    """Swin in the default suite; every other family with ``-m slow``."""
+    reports = {form: folded(made, family, form) for form in hf_families.FORMATS}
+    first = placements(reports["directory"])
+    for form, source in reports.items():
+        assert placements(source) == first, (form, str(source.fold))
+        assert source.fold.fully_integer, (form, str(source.fold))
 
 
 def test_swin_folds_every_norm_through_its_window_partition(made) -> None:
@@ -114,23 +142,26 @@ def test_swin_folds_every_norm_through_its_window_partition(made) -> None:
         assert norms["swin.layernorm"].into == ("classifier",), form
 
 
-def test_gpt2_folds_into_its_conv1d_layers(made) -> None:
+@pytest.mark.parametrize(
+    "form", ["directory", pytest.param("pt2", marks=SLOW), pytest.param("onnx", marks=SLOW)]
+)
+def test_gpt2_folds_into_its_conv1d_layers(made, form: str) -> None:
     """Traced with its key/value cache off; the config it was saved with keeps it on."""
-    config = json.loads((made("gpt2")["directory"] / "config.json").read_text())
+    config = json.loads((made("gpt2", "directory")["directory"] / "config.json").read_text())
     assert config["use_cache"] is True
-    for form in hf_families.FORMATS:
-        norms = {n.name: n.into for n in folded(made, "gpt2", form).fold.norms}
-        assert norms == {
-            "transformer.h.0.ln_1": ("transformer.h.0.attn.c_attn",),
-            "transformer.h.0.ln_2": ("transformer.h.0.mlp.c_fc",),
-            "transformer.h.1.ln_1": ("transformer.h.1.attn.c_attn",),
-            "transformer.h.1.ln_2": ("transformer.h.1.mlp.c_fc",),
-            "transformer.ln_f": ("score",),
-        }, form
+    norms = {n.name: n.into for n in folded(made, "gpt2", form).fold.norms}
+    assert norms == {
+        "transformer.h.0.ln_1": ("transformer.h.0.attn.c_attn",),
+        "transformer.h.0.ln_2": ("transformer.h.0.mlp.c_fc",),
+        "transformer.h.1.ln_1": ("transformer.h.1.attn.c_attn",),
+        "transformer.h.1.ln_2": ("transformer.h.1.mlp.c_fc",),
+        "transformer.ln_f": ("score",),
+    }, form
 
 
 def test_albert_reports_each_call_of_its_shared_norms(made) -> None:
-    names = [n.name for n in folded(made, "albert", "pt2").fold.norms]
+    """From its directory; the same names from its .pt2 and ONNX: the slow every-form test."""
+    names = [n.name for n in folded(made, "albert", "directory").fold.norms]
     layer = "albert.encoder.albert_layer_groups.0.albert_layers.0"
     assert names == [
         "albert.embeddings.LayerNorm", f"{layer}.attention.LayerNorm",
@@ -139,12 +170,9 @@ def test_albert_reports_each_call_of_its_shared_norms(made) -> None:
     ]  # fmt: skip
 
 
-SLOW = pytest.mark.slow  # a torch export per target: minutes for the nine families
-
-
 @pytest.mark.parametrize(
     "form", ["onnx", pytest.param("directory", marks=SLOW), pytest.param("pt2", marks=SLOW)]
-)
+)  # a directory's or .pt2's file per target is a torch export each: minutes for the nine
 @pytest.mark.parametrize("family", hf_families.FAMILIES)
 def test_the_fp32_file_of_every_target_computes_what_the_model_does(made, family, form) -> None:
     """At each target's opset and batch, at the data's sequence length (32 tokens, where a
@@ -155,7 +183,7 @@ def test_the_fp32_file_of_every_target_computes_what_the_model_does(made, family
     evaluation.pop("labels")
     expected = hf_families.logits(files["model"], {n: a[:2] for n, a in evaluation.items()})
     for opset, static in EXPORTS:
-        path = files["directory"].parent / f"{form}_{opset}_{static}.onnx"
+        path = files["scratch"] / f"{form}_{opset}_{static}.onnx"
         export_folded(source, path, opset=opset, dynamic_batch=not static)
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         shapes = {i.name: i.shape for i in session.get_inputs()}
@@ -175,9 +203,9 @@ def test_the_fp32_file_of_every_target_computes_what_the_model_does(made, family
 def test_a_family_builds_the_quick_targets_named_as_strings(made, family, form) -> None:
     """quant.convert takes target names as every peer's API does; the report lists each
     file once and carries no terminal codes; a directory's config stays as written."""
-    files = made(family)
+    files = made(family, "directory", form)
     config_before = (files["directory"] / "config.json").read_bytes()
-    out = files["directory"].parent / f"out_{form}"
+    out = files["scratch"] / f"out_{form}"
     report = convert(files[form], targets=["cpu", "tda4vm"], calib=files["calib"],
                      eval=files["eval"], out_dir=out, latency_runs=3)  # fmt: skip
     assert list(report.targets) == ["cpu", "tda4vm"]
@@ -199,7 +227,7 @@ def test_a_family_builds_the_quick_targets_named_as_strings(made, family, form) 
 
 
 def test_text_longer_than_the_positions_is_refused_in_one_line(made, tmp_path: Path) -> None:
-    files = made("distilbert")
+    files = made("distilbert", "directory")
     long = {"input_ids": np.ones((16, 80), np.int64), "attention_mask": np.ones((16, 80))}
     np.savez(tmp_path / "long.npz", **long)
     with pytest.raises(edge_un.CheckpointError) as refused:

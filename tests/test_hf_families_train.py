@@ -333,6 +333,7 @@ def test_roberta_positions_start_after_its_padding_index(rt, text_npz, tmp_path,
     assert "'input_ids' has 48 positions, the model takes at most 47" in err, err
 
 
+@pytest.mark.slow  # a minute of training; python -m benchmarks.hf_families trains it fully
 def test_the_builder_trains_a_swin_on_mnist_framed_to_32_pixels(tmp_path: Path) -> None:
     """``python -m benchmarks.make_hf_examples --model swin`` (what benchmarks/hf_families.py
     trains its Swin with), cut to one epoch: the directory records MNIST padded by 2 pixels, so
