@@ -40,7 +40,7 @@ import edge_un
 from benchmarks.results_main import benchmark_main, save_figure
 from edge_un import examples
 from quant.host import describe_host
-from quant.report import REPORT_FILE, Report
+from quant.report import REPORT_FILE, Report, TargetReport
 from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TARGET_NAMES
 
 NAME = "hf_migrate"
@@ -112,20 +112,27 @@ def converted(model: Path, out: Path) -> tuple[dict[str, Any], int]:
     shipped and the ones tried before it, and the exit code (1 when every target failed, 3 when
     some did: recorded, not raised)."""
     convert = subprocess.run([*CLI, "convert", str(model), "-o", str(out)], capture_output=True)
-    targets = {}
-    for name, target in Report.read(out / REPORT_FILE).targets.items():
-        pure = target.pure_int8_drift or target.drift
-        targets[name] = {
-            "status": target.status,
-            "error": target.error,
-            "pure_agreement": None if pure is None else pure.agreement,
-            "pure_drop_pts": None if pure is None else pure.top1_drop_pts,
-            "pure_within_bar": None if pure is None else pure.within_bar,
-            "arithmetic": None if pure is None else pure.arithmetic,
-            "int8_recipe": target.int8_recipe,
-            "recipes_tried": [trial.model_dump() for trial in target.recipes_tried],
-        }
+    targets = {
+        name: target_figures(target)
+        for name, target in Report.read(out / REPORT_FILE).targets.items()
+    }
     return targets, convert.returncode
+
+
+def target_figures(target: TargetReport) -> dict[str, Any]:
+    """One target of a report: status, its pure int8 file's drift (before any 16-bit
+    fallback), the int8 recipe it shipped and the ones tried before it."""
+    pure = target.pure_int8_drift or target.drift
+    return {
+        "status": target.status,
+        "error": target.error,
+        "pure_agreement": None if pure is None else pure.agreement,
+        "pure_drop_pts": None if pure is None else pure.top1_drop_pts,
+        "pure_within_bar": None if pure is None else pure.within_bar,
+        "arithmetic": None if pure is None else pure.arithmetic,
+        "int8_recipe": target.int8_recipe,
+        "recipes_tried": [trial.model_dump() for trial in target.recipes_tried],
+    }
 
 
 def run() -> dict[str, Any]:

@@ -21,9 +21,11 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule
 from torch.utils import _pytree as pytree
 
-from .errors import ConversionError, OpsetError
-from .onnx_rewrites import gathers_to_slices, rewrite_model
+from .edge_rewrites import for_edge_runtimes
+from .errors import ConversionError, OpsetError, root_cause
+from .onnx_rewrites import rewrite_model
 from .opset import downgrade_to_opset17
+from .reexport import prepare_for_reexport
 
 MIN_OPSET = 17  # what TIDL wants; the dynamo exporter itself starts at 18
 # Highest opset that torch 2.13's exporter writes and ORT 1.31 runs (measured: 26 silently
@@ -67,8 +69,9 @@ def export_onnx(
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     path = Path(path)
     proto = trace_to_onnx(model, args, max(opset, 18), dynamic_batch)
-    # x[:, 0, :] (cls pooling) exports as a Gather: a slice instead, for NPUs without GATHER.
-    proto = rewrite_model(proto, gathers_to_slices, shapes=True)
+    # x[:, 0, :] (cls pooling) exports as a Gather: a slice instead, for NPUs without GATHER;
+    # a zero-width pad (Swin's) goes.
+    proto = rewrite_model(proto, for_edge_runtimes, shapes=True)
     if opset == 17:
         proto = downgrade_to_opset17(proto)
     if proto.functions:
@@ -108,6 +111,8 @@ def trace_to_onnx(
     )
     if was_training:
         model.eval()  # type: ignore[union-attr]
+    if isinstance(model, GraphModule):
+        prepare_for_reexport(model)
     quiet = io.StringIO()  # the exporter prints progress lines; keep the caller's output clean
     try:
         with (
@@ -126,8 +131,7 @@ def trace_to_onnx(
                 optimize=True,
             )
     except Exception as error:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise ConversionError(f"ONNX export failed: {first}") from error
+        raise ConversionError(f"ONNX export failed: {root_cause(error)}") from error
     finally:
         if was_training:
             model.train()  # type: ignore[union-attr]

@@ -25,7 +25,7 @@ from .graph import (
     module_path,
     online_norm_class_names,
 )
-from .program import program_output_note
+from .program import positional_tensor_inputs, program_output_note
 from .trace import default_example_inputs, export_eval
 
 
@@ -56,7 +56,7 @@ def fold_norms(
             raise OnlineNormError(_online_message(online))
         args = default_example_inputs(model) if example_inputs is None else example_inputs
         program, source = export_eval(model, args), type(model).__name__
-    gm = program.module()
+    gm = positional_tensor_inputs(program.module())
     report = fold_graph(gm, source=source, allow_online=allow_online, notes=notes)
     for module in gm.modules():  # an unlifted program refuses .eval(); it is an eval graph
         module.training = False

@@ -3,9 +3,12 @@
 In eval every offline norm is a per-channel affine on the last axis. For each one, in order:
 
 1. **forward**, into every Linear that consumes it, when all its readers reach a Linear's data
-   input through ops that commute with a per-channel affine and keep the channel axis last
-   (identity, channel-preserving reshapes and transposes, token slices and gathers, a mean over
-   tokens; a sum over tokens would scale the shift, so it is not one of them);
+   input through ops that commute with a per-channel affine, its channel axis followed wherever
+   they move it and last again at each Linear: identity, reshapes and transposes that keep the
+   channel axis whole, token slices, gathers and rolls, a mean over tokens (a sum would scale
+   the shift), joins of pieces that all carry it along another axis (a roll exported as Slice +
+   Concat), and a pad that adds nothing or a constant the affine leaves as it is (a zero pad
+   when the shift is zero: elsewhere the padded positions would read the shift, not 0);
 2. **backward**, into the Linear (channels last) or Conv (channels on axis 1) that produces its
    input, through identity, transposes and reshapes that keep the channel axis whole, when
    nothing else reads any value on the way;
@@ -13,18 +16,17 @@ In eval every offline norm is a per-channel affine on the last axis. For each on
    nothing else reads: every term scaled, the shift added to the first (BERT's embeddings norm);
 4. else it stays as exactly one per-channel Mul + Add, and the reason names what stopped each.
 
-The rules read and edit a graph only through :class:`FoldGraph`, which torch.fx
+The rules read and edit a graph only through :class:`~.fold_graph.FoldGraph`, which torch.fx
 (:mod:`.fx_fold_graph`) and ONNX (:mod:`.onnx_fold_graph`) each implement: one classification
-of their ops into :class:`Kind` (data, not logic), the weight I/O of their layers, and the edits.
-So a model folds the same from any format it is exported in.
+of their ops into :class:`~.fold_graph.Kind` (data, not logic), the weight I/O of their layers,
+and the edits. So a model folds the same from any format it is exported in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 from torch import Tensor
@@ -34,95 +36,29 @@ from .equations import (
     fold_affine_into_following_linear,
     fold_affine_into_preceding_linear,
 )
+from .fold_graph import FoldGraph, Kind, Norm, Op, Term
 from .fold_report import NormFold
+
+__all__ = ["FoldGraph", "Kind", "Norm", "Op", "Term", "fold_all", "fold_norm"]
 
 Equation = Callable[[Tensor, Tensor | None, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
-class Kind(Enum):
-    """What an op does, as far as a per-channel affine on its data input is concerned."""
-
-    LINEAR = "linear"  # x @ W (+ b); data is input 0
-    CONV = "conv"  # channels on axis 1
-    LOOKUP = "lookup"  # rows of a table: input 0 is the table
-    ADD = "add"  # a sum of two tensors
-    SUB = "sub"  # a difference of two tensors
-    MUL = "mul"  # a product (or quotient) of two tensors
-    IDENTITY = "identity"  # the same values (copies, dropout in eval, casts)
-    RESHAPE = "reshape"  # row-major reshape
-    TRANSPOSE = "transpose"  # axes: the permutation
-    SELECT = "select"  # picks positions along ``axes`` (slice, gather, select)
-    MEAN = "mean"  # mean over ``axes``
-    SHAPE = "shape"  # reads the shape only, which a per-channel affine never changes
-    OTHER = "other"
-
-
-@dataclass(frozen=True)
-class Op:
-    """One node of the graph, classified: ``inputs[0]`` is its data input."""
-
-    kind: Kind
-    inputs: tuple[Any, ...]
-    output: Any
-    axes: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Norm:
-    """One offline norm, reduced to ``output = input * scale + shift`` (float64, ``(C,)``)."""
-
-    name: str
-    kind: str
-    nodes: tuple[Any, ...]
-    input: Any
-    output: Any
-    scale: Tensor
-    shift: Tensor
-
-
-@dataclass(frozen=True)
-class Term:
-    """One term of a summed embedding: input ``index`` of ``node`` holds the values to scale
-    (a lookup's table, or a constant added in)."""
-
-    node: Any
-    index: int
-    is_lookup: bool
-
-
-class FoldGraph(Protocol):
-    """What the rules need of a graph. Values are what flows along edges (an fx node, an ONNX
-    value), nodes what computes them; weights cross in torch's ``(out, in, ...)`` layout."""
-
-    def norm_sites(self) -> list[Hashable]: ...  # one per norm, described when its turn comes
-    def describe_norm(self, site: Hashable) -> Norm | None: ...
-    def op(self, node: Any) -> Op: ...
-    def readers(self, value: Any) -> list[Any]: ...
-    def producer(self, value: Any) -> Any | None: ...  # None for a graph input
-    def is_output(self, value: Any) -> bool: ...
-    def is_constant(self, value: Any) -> bool: ...
-    def shape(self, value: Any) -> tuple[Any, ...] | None: ...
-    def name(self, value: Any) -> str: ...
-    def describe(self, node: Any) -> str: ...  # a node in a message
-    def layer_name(self, node: Any) -> str: ...  # a layer or lookup in the report
-    def term_name(self, term: Term) -> str: ...  # "" when the file does not say
-    def layer_problem(self, node: Any) -> str: ...  # "" if its weights (table) are its own
-    def weights(self, layer: Any) -> tuple[Tensor, Tensor | None]: ...
-    def set_weights(self, layer: Any, weight: Tensor, bias: Tensor) -> None: ...
-    def term_values(self, term: Term) -> Tensor: ...
-    def set_term_values(self, term: Term, values: Tensor) -> None: ...
-    def bypass(self, norm: Norm) -> None: ...  # its readers read its input; its nodes go
-    def keep_as_scale_shift(self, norm: Norm) -> None: ...
-
-
 def fold_all(graph: FoldGraph) -> tuple[NormFold, ...]:
-    """Fold every norm of ``graph`` in place; each is described just before its fold, since an
-    earlier fold may have changed a constant it reads."""
+    """Fold every norm call of ``graph`` in place; each is described just before its fold,
+    since an earlier fold may have changed a constant it reads. A norm module called more than
+    once (ALBERT's shared layers) folds per call; its later calls are reported as
+    ``name (call 2)``, ``name (call 3)``, ... in graph order."""
     results = []
+    calls: dict[str, int] = {}
     for site in graph.norm_sites():
         norm = graph.describe_norm(site)
         if norm is not None:
-            results.append(fold_norm(graph, norm))
+            result = fold_norm(graph, norm)
+            calls[norm.name] = calls.get(norm.name, 0) + 1
+            if calls[norm.name] > 1:
+                result = replace(result, name=f"{norm.name} (call {calls[norm.name]})")
+            results.append(result)
     return tuple(results)
 
 
@@ -166,61 +102,141 @@ def _fold_layer(graph: FoldGraph, layer: Any, norm: Norm, equation: Equation) ->
     graph.set_weights(layer, new_weight.to(weight.dtype), new_bias.to(weight.dtype))
 
 
-def _data_readers(graph: FoldGraph, value: Any) -> list[Any]:
-    return [node for node in graph.readers(value) if graph.op(node).kind is not Kind.SHAPE]
-
-
 def following_layers(graph: FoldGraph, norm: Norm) -> tuple[list[Any] | None, str]:
-    """Every Linear the norm's output reaches through affine-commuting ops, or why not."""
-    channels = norm.scale.numel()
+    """Every Linear the norm's output reaches through affine-commuting ops (its channel axis
+    followed wherever they move it, and last again at each Linear), or why not. A join
+    (Concat; a roll exported as Slice + Concat) is crossed once all its inputs are reached."""
     layers: list[Any] = []
-    frontier = [norm.output]
+    reached: dict[int, int] = {}  # id(value) -> its channel axis, for every value reached
+    joins: dict[int, Any] = {}  # joins reached through some of their inputs so far
+    frontier = [(norm.output, len(graph.shape(norm.output) or (0,)) - 1)]
     while frontier:
-        value = frontier.pop()
+        value, axis = frontier.pop()
         if graph.is_output(value):
             return None, f"{graph.name(value)} is a model output"
+        reached[id(value)] = axis
         for node in _data_readers(graph, value):
             op = graph.op(node)
-            if op.kind is Kind.LINEAR and _reads_as_data(op, value):
-                problem = graph.layer_problem(node)
+            if op.kind is Kind.CONCAT:
+                joins[id(node)] = node
+            elif op.kind is Kind.LINEAR and _reads_as_data(op, value):
+                problem = graph.layer_problem(node) or _channels_last(graph, value, axis)
                 if problem:
                     return None, problem
                 layers.append(node)
-                continue
-            reason = _commutes(graph, op, value, channels)
-            if reason:
-                return None, f"it feeds {graph.describe(node)} {reason}"
-            frontier.append(op.output)
+            else:
+                moved, reason = passes_through(graph, op, value, axis, norm)
+                if reason:
+                    return None, f"it feeds {graph.describe(node)} {reason}"
+                frontier.append((op.output, moved))
+        if not frontier:  # every branch ended: cross the joins whose inputs are all reached
+            for key, node in list(joins.items()):
+                op = graph.op(node)
+                axes = {reached.get(id(v)) for v in op.inputs}
+                if None not in axes:
+                    del joins[key]
+                    if len(axes) != 1 or op.axes[0] in axes:
+                        return None, f"it feeds {graph.describe(node)} along the channel axis"
+                    frontier.append((op.output, axes.pop()))
+    if joins:
+        node = next(iter(joins.values()))
+        why = "reads it as something other than data (it joins it to another tensor)"
+        return None, f"it feeds {graph.describe(node)} {why}"
     if not layers or len(set(map(id, layers))) != len(layers):
         return None, "no Linear consumes it"
     return layers, ""
+
+
+def _channels_last(graph: FoldGraph, value: Any, axis: int) -> str:
+    if axis == len(graph.shape(value) or ()) - 1:
+        return ""
+    return f"{graph.name(value)} reaches a Linear with its channels not last"
+
+
+def _data_readers(graph: FoldGraph, value: Any) -> list[Any]:
+    return [node for node in graph.readers(value) if graph.op(node).kind is not Kind.SHAPE]
 
 
 def _reads_as_data(op: Op, value: Any) -> bool:
     return op.inputs[0] is value and all(v is not value for v in op.inputs[1:])
 
 
-def _commutes(graph: FoldGraph, op: Op, value: Any, channels: int) -> str:
-    """ "" if ``op`` passes a per-channel affine of ``value`` (channels last) through, keeping the
-    channel axis last; else what it does instead."""
+def passes_through(graph: FoldGraph, op: Op, value: Any, axis: int, norm: Norm) -> tuple[int, str]:
+    """Where the channel axis of ``value`` (a per-channel affine of the norm's input, channels
+    on ``axis``) is in ``op``'s output, and "" if ``op`` commutes with that affine; else why
+    not."""
     if op.kind in (Kind.ADD, Kind.SUB, Kind.MUL) and not any(map(graph.is_constant, op.inputs)):
         verb = "multiplies it by" if op.kind is Kind.MUL else "adds it to"
-        return f"{verb} another tensor (a residual or a mask)"
+        return axis, f"{verb} another tensor (a residual or a mask)"
     if not _reads_as_data(op, value):
-        return "reads it as something other than data"
-    in_shape, out_shape = graph.shape(value), graph.shape(op.output)
-    rank = len(in_shape) if in_shape is not None else 0
-    last_kept = bool(out_shape) and out_shape[-1] == channels  # type: ignore[index]
-    if op.kind is Kind.IDENTITY:
-        return ""
-    if op.kind is Kind.RESHAPE:
-        return "" if last_kept and rank and in_shape[-1] == channels else "moves the channel axis"  # type: ignore[index]
-    if op.kind is Kind.TRANSPOSE:
-        return "" if rank and op.axes[-1] == rank - 1 else "moves the channel axis"
-    if op.kind in (Kind.SELECT, Kind.MEAN):
+        return axis, "reads it as something other than data"
+    in_shape, out_shape = graph.shape(value) or (), graph.shape(op.output) or ()
+    moved: int | None = None
+    if op.kind is Kind.PAD and pad_problem(op, axis, norm):
+        return axis, pad_problem(op, axis, norm)
+    if op.kind in (Kind.IDENTITY, Kind.PAD):
+        moved = axis
+    elif op.kind is Kind.RESHAPE:
+        moved = reshaped_axis(in_shape, out_shape, axis, norm.scale.numel())
+    elif op.kind is Kind.TRANSPOSE and axis in op.axes:
+        moved = op.axes.index(axis)
+    elif op.kind in (Kind.SELECT, Kind.MEAN):
+        if axis in op.axes or not op.axes:
+            return axis, "acts on the channel axis"
         # A mean of x * s + t over tokens is mean(x) * s + t; a sum would scale t.
-        return "" if rank and rank - 1 not in op.axes and last_kept else "acts on the channel axis"
-    return "does not commute with a per-channel affine"
+        moved = _axis_after_removing(in_shape, out_shape, op.axes, axis)
+    else:
+        return axis, "does not commute with a per-channel affine"
+    if moved is None or not _same_size(in_shape, out_shape, axis, moved):
+        return axis, "moves the channel axis apart"
+    return moved, ""
+
+
+def pad_problem(op: Op, axis: int, norm: Norm) -> str:
+    """ "" when padding commutes with the norm's ``x * s + t``: nothing padded (a zero-width pad,
+    e.g. Swin's when the feature map is a multiple of the window), or a constant ``c`` with
+    ``c * s + t == c`` on every channel (0 when the shift is 0). Otherwise the padded positions
+    would read ``t`` (0 * s + t) where the model reads 0: the fold is not exact there."""
+    if axis in op.axes:
+        return "pads the channel axis"
+    if not op.axes:
+        return ""
+    if op.fill is None:
+        return "pads with values that are not a constant"
+    if np.allclose((op.fill * norm.scale + norm.shift).detach().numpy(), op.fill, atol=1e-12):
+        return ""
+    return (
+        f"pads axes {list(op.axes)} with {op.fill:g}, which the norm's shift (not zero) would "
+        "change: the padded positions are not masked, so the fold would not be exact"
+    )
+
+
+def reshaped_axis(before: Sequence, after: Sequence, axis: int, channels: int) -> int | None:
+    """The output axis of a row-major reshape that holds input axis ``axis`` whole, or None."""
+    last = len(before) - 1
+    if axis == last and before and after and before[-1] == channels == after[-1]:
+        return len(after) - 1  # keeping the last size keeps every element's channel index
+    found = [k for k in range(len(after)) if source_axis(before, after, k) == axis]
+    return found[0] if len(found) == 1 else None
+
+
+def _axis_after_removing(
+    before: Sequence, after: Sequence, axes: tuple[int, ...], axis: int
+) -> int | None:
+    """The channel axis after an op that acted on ``axes`` and kept them (same rank) or
+    dropped them all; None when the ranks say neither."""
+    if len(after) == len(before):
+        return axis
+    if len(after) == len(before) - len(axes):
+        return axis - sum(a < axis for a in axes)
+    return None
+
+
+def _same_size(before: Sequence, after: Sequence, axis: int, moved: int) -> bool:
+    if not (0 <= axis < len(before) and 0 <= moved < len(after)):
+        return not before or not after  # a shape not recorded: trust the op's kind
+    size, new = before[axis], after[moved]
+    return not (isinstance(size, int) and isinstance(new, int)) or size == new
 
 
 def preceding_layer(graph: FoldGraph, norm: Norm) -> tuple[Any | None, str]:

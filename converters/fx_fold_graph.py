@@ -16,7 +16,7 @@ from torch import Tensor, fx
 
 from .equations import compose_affine_chain
 from .errors import ConversionError
-from .fold_rules import Kind, Norm, Op, Term
+from .fold_graph import Kind, Norm, Op, Term
 from .graph import (
     AFFINE_OPS,
     ASSERT_OPS,
@@ -38,7 +38,14 @@ from .graph import (
 
 ELEMENTWISE = {"add": Kind.ADD, "sub": Kind.SUB, "mul": Kind.MUL, "div": Kind.MUL}
 LOOKUP_OPS = {aten.embedding.default}
-SELECT_OPS = {aten.slice.Tensor, aten.select.int, aten.index_select.default}
+# A roll reorders positions along its dims, as a slice picks them.
+SELECT_OPS = {aten.slice.Tensor, aten.select.int, aten.index_select.default, aten.roll.default}
+PAD_OPS = {aten.pad.default, aten.constant_pad_nd.default}
+# Adaptive pooling to one position is a mean over the pooled axes (Swin's classifier pooling).
+GLOBAL_POOL_OPS = {aten.adaptive_avg_pool1d.default: 1, aten._adaptive_avg_pool2d.default: 2,
+                   aten.adaptive_avg_pool2d.default: 2}  # fmt: skip
+# GPT-2's Conv1D: addmm(bias, x, weight) with the weight stored (in, out).
+ADDMM = aten.addmm.default
 
 
 class FxFoldGraph:
@@ -67,7 +74,13 @@ class FxFoldGraph:
         ]
         _, path, cls = module_call(nodes[0])  # type: ignore[misc]
         scope = set(nodes)
-        outputs = [n for n in nodes if any(u not in scope for u in n.users)]
+        # Constants computed in one call and reused by the next (a shared norm, traced once
+        # per call) are not outputs.
+        outputs = [
+            n
+            for n in nodes
+            if not self.constants.is_const(n) and any(u not in scope for u in n.users)
+        ]
         if len(outputs) != 1:
             raise ConversionError(
                 f"norm {path} has {len(outputs)} outputs in the graph, expected 1"
@@ -120,11 +133,14 @@ class FxFoldGraph:
 
     # -- reading the graph -------------------------------------------------------------------
     def op(self, node: fx.Node) -> Op:
+        kind = _kind(node)
         inputs: list[Any] = []
         fx.node.map_arg((node.args, node.kwargs), inputs.append)  # every tensor read, in order
-        if not (node.args and isinstance(node.args[0], fx.Node)):
+        if kind is Kind.LINEAR and node.target == ADDMM:
+            inputs = [node.args[1], node.args[2], node.args[0]]  # data, weight, bias
+        elif kind is not Kind.CONCAT and not (node.args and isinstance(node.args[0], fx.Node)):
             inputs.insert(0, None)  # its first argument is not a tensor: no data input
-        return Op(_kind(node), tuple(inputs), node, _axes(node))
+        return Op(kind, tuple(inputs), node, _axes(node), _pad_fill(node, kind))
 
     def readers(self, value: fx.Node) -> list[fx.Node]:
         return [user for user in value.users if user.op != "output"]
@@ -156,7 +172,7 @@ class FxFoldGraph:
     def layer_problem(self, layer: fx.Node) -> str:
         """ "" if the layer's weight and bias (a lookup's table) are parameters it alone uses."""
         is_lookup = layer.target in LOOKUP_OPS
-        for arg in layer.args[:1] if is_lookup else layer.args[1:3]:
+        for arg in _parameter_args(layer):
             if arg is None:
                 continue
             what = "table" if is_lookup else "weight"
@@ -180,17 +196,24 @@ class FxFoldGraph:
         scope = set(norm.nodes)
         norm.output.replace_all_uses_with(replacement, delete_user_cb=lambda u: u not in scope)
         for node in reversed(norm.nodes):
-            self.gm.graph.erase_node(node)
+            if not node.users:  # a constant a later call of a shared norm reads stays
+                self.gm.graph.erase_node(node)
 
     def weights(self, layer: fx.Node) -> tuple[Tensor, Tensor | None]:
-        bias = layer.args[2] if len(layer.args) > 2 else None
-        weight = fetch_attr(self.gm, str(layer.args[1].target))  # type: ignore[union-attr]
-        return weight, fetch_attr(self.gm, str(bias.target)) if bias is not None else None  # type: ignore[union-attr]
+        """As torch's Linear lays them out: a Conv1D's (in, out) weight transposed."""
+        weight_node, bias_node = _weight_and_bias(layer)
+        weight = fetch_attr(self.gm, str(weight_node.target))
+        if layer.target == ADDMM:
+            weight = weight.T
+        bias = fetch_attr(self.gm, str(bias_node.target)) if bias_node is not None else None
+        return weight, bias
 
     def set_weights(self, layer: fx.Node, weight: Tensor, bias: Tensor) -> None:
         """Write the weight and the bias back (a bias is created if the layer had none)."""
-        set_attr(self.gm, str(layer.args[1].target), weight)  # type: ignore[union-attr]
-        bias_node = layer.args[2] if len(layer.args) > 2 else None
+        weight_node, bias_node = _weight_and_bias(layer)
+        if layer.target == ADDMM:
+            weight = weight.T.contiguous()
+        set_attr(self.gm, str(weight_node.target), weight)
         if isinstance(bias_node, fx.Node):
             set_attr(self.gm, str(bias_node.target), bias)
             return
@@ -269,18 +292,30 @@ def _kind(node: fx.Node) -> Kind:
     if target in AFFINE_OPS:
         binary = all(isinstance(a, fx.Node) for a in node.args[:2]) and len(node.args) >= 2
         return ELEMENTWISE[AFFINE_OPS[target]] if binary and not node.kwargs else Kind.OTHER  # type: ignore[index]
+    if target == ADDMM:  # a Linear unless scaled (beta, alpha)
+        return Kind.LINEAR if not node.kwargs and len(node.args) == 3 else Kind.OTHER
+    if target in PAD_OPS:
+        mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+        return Kind.PAD if mode == "constant" else Kind.OTHER
+    if target in GLOBAL_POOL_OPS:
+        size = node.args[1] if len(node.args) > 1 else None
+        return Kind.MEAN if list(size or []) == [1] * GLOBAL_POOL_OPS[target] else Kind.OTHER  # type: ignore[index]
     kinds = (
         (LINEAR_OPS, Kind.LINEAR), (CONV_OPS, Kind.CONV), (LOOKUP_OPS, Kind.LOOKUP),
         (IDENTITY_OPS, Kind.IDENTITY), (RESHAPE_OPS, Kind.RESHAPE), (SELECT_OPS, Kind.SELECT),
         ({aten.transpose.int, aten.permute.default}, Kind.TRANSPOSE),
-        ({aten.mean.dim}, Kind.MEAN), (SHAPE_ONLY_OPS, Kind.SHAPE),
+        ({aten.mean.dim}, Kind.MEAN), ({aten.cat.default}, Kind.CONCAT),
+        (SHAPE_ONLY_OPS, Kind.SHAPE),
     )  # fmt: skip
     return next((kind for ops, kind in kinds if target in ops), Kind.OTHER)
 
 
 def _axes(node: fx.Node) -> tuple[int, ...]:
-    """SELECT / MEAN: the axes acted on; TRANSPOSE: the permutation (normalized)."""
+    """SELECT / MEAN: the axes acted on; TRANSPOSE: the permutation (normalized); PAD: the
+    axes padded by a nonzero width; CONCAT: the axis joined along."""
     data = node.args[0] if node.args else None
+    if node.target == aten.cat.default and data:
+        data = data[0]  # type: ignore[index]
     rank = len(shape(data) or ()) if isinstance(data, fx.Node) else 0
     target = node.target
     if not rank or target == operator.getitem:
@@ -292,9 +327,48 @@ def _axes(node: fx.Node) -> tuple[int, ...]:
         return tuple(perm)
     if target == aten.permute.default:
         return tuple(normalize_dims(node.args[1], rank))
+    if target == aten.roll.default:
+        dims = node.args[2] if len(node.args) > 2 else node.kwargs.get("dims")
+        return tuple(normalize_dims(dims, rank)) if dims else tuple(range(rank))
     if target in SELECT_OPS:
         return tuple(normalize_dims(node.args[1] if len(node.args) > 1 else 0, rank))
     if target == aten.mean.dim:
         dims = node.args[1] if len(node.args) > 1 else None
         return tuple(normalize_dims(dims, rank)) if dims else tuple(range(rank))
+    if target in GLOBAL_POOL_OPS:
+        return tuple(range(rank - GLOBAL_POOL_OPS[target], rank))  # type: ignore[index]
+    if target in PAD_OPS:  # widths in pairs, the last axis first
+        widths = list(node.args[1])  # type: ignore[arg-type]
+        pairs = [widths[i : i + 2] for i in range(0, len(widths), 2)]
+        return tuple(sorted(rank - 1 - i for i, pair in enumerate(pairs) if any(pair)))
+    if target == aten.cat.default:
+        return tuple(normalize_dims(node.args[1] if len(node.args) > 1 else 0, rank))
     return ()
+
+
+def _pad_fill(node: fx.Node, kind: Kind) -> float | None:
+    """A constant pad's value (0 unless given); None for any other op."""
+    if kind is not Kind.PAD:
+        return None
+    value = node.args[3] if len(node.args) > 3 else node.kwargs.get("value")
+    if node.target == aten.constant_pad_nd.default:
+        value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value")
+    return 0.0 if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _weight_and_bias(layer: fx.Node) -> tuple[fx.Node, fx.Node | None]:
+    """A Linear's weight and bias arguments: linear(x, W, b), addmm(b, x, W)."""
+    if layer.target == ADDMM:
+        return layer.args[2], layer.args[0]  # type: ignore[return-value]
+    bias = layer.args[2] if len(layer.args) > 2 else None
+    return layer.args[1], bias  # type: ignore[return-value]
+
+
+def _parameter_args(layer: fx.Node) -> list[Any]:
+    """The arguments that must be parameters of the layer's own: a lookup's table; a Linear's
+    or Conv's weight and bias (None where it has no bias)."""
+    if layer.target in LOOKUP_OPS:
+        return list(layer.args[:1])
+    if layer.target == ADDMM:
+        return list(_weight_and_bias(layer))
+    return list(layer.args[1:3])

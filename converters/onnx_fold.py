@@ -16,22 +16,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxscript.optimizer
 from onnx_ir.passes.common import NameFixPass, RemoveUnusedNodesPass, ShapeInferencePass
 
+from .edge_rewrites import for_edge_runtimes
 from .errors import OnlineNormError
 from .fold_report import FoldReport
 from .fold_rules import fold_all
 from .onnx_fold_graph import OnnxFoldGraph
 from .onnx_load import load_onnx
-from .onnx_rewrites import constant, constant_lookups, gathers_to_slices, is_default_op
+from .onnx_rewrites import constant, constant_lookups, is_default_op
 
 ONLINE_NORM_OPS = {
     "LayerNormalization", "GroupNormalization", "RMSNormalization", "InstanceNormalization",
     "MeanVarianceNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
 }  # fmt: skip
+
+SMALL_CONSTANT = 1024  # elements: a ConstantOfShape this small is worth folding
 
 __all__ = ["ONLINE_NORM_OPS", "fold_onnx", "load_onnx"]
 
@@ -47,7 +51,7 @@ def fold_onnx(
     RemoveUnusedNodesPass()(ir_model)
     ShapeInferencePass()(ir_model)
     graph = ir_model.graph
-    gathers_to_slices(graph)  # x[:, 0, :] as a slice: no GATHER for the NPU to refuse
+    for_edge_runtimes(graph)  # x[:, 0, :] as a slice (no GATHER for an NPU); no zero pads
     online = [f"{n.name} ({n.op_type})" for n in graph.all_nodes() if n.op_type in ONLINE_NORM_OPS]
     if online and not allow_online:
         raise OnlineNormError(
@@ -65,6 +69,11 @@ def fold_onnx(
 
 
 def _keep_table_lookups(node: ir.Node) -> bool | None:
-    """Lookups stay (the fold names and scales their tables); the rest as onnxscript decides."""
+    """Lookups stay (the fold names and scales their tables); a small ConstantOfShape is folded
+    (onnxscript leaves every one, but the legacy exporter computes Pad widths with them); the
+    rest as onnxscript decides."""
     table = constant(node.inputs[0]) if is_default_op(node, "Gather") else None
-    return False if table is not None and table.ndim == 2 else None
+    if table is not None and table.ndim == 2:
+        return False
+    shape = constant(node.inputs[0]) if is_default_op(node, "ConstantOfShape") else None
+    return True if shape is not None and int(np.prod(shape)) <= SMALL_CONSTANT else None

@@ -15,7 +15,7 @@ import onnx_ir as ir
 import torch
 
 from .equations import compose_affine_chain
-from .fold_rules import Kind, Norm, Op, Term
+from .fold_graph import Kind, Norm, Op, Term
 from .onnx_names import folded_table_name, label, layer_name, norm_name
 from .onnx_rewrites import constant, fresh_name, set_constant_input
 
@@ -26,7 +26,8 @@ KINDS = {
     "Identity": Kind.IDENTITY, "Dropout": Kind.IDENTITY,
     "Reshape": Kind.RESHAPE, "Flatten": Kind.RESHAPE, "Squeeze": Kind.RESHAPE,
     "Unsqueeze": Kind.RESHAPE, "Transpose": Kind.TRANSPOSE, "Slice": Kind.SELECT,
-    "Gather": Kind.SELECT, "ReduceMean": Kind.MEAN, "Shape": Kind.SHAPE, "Size": Kind.SHAPE,
+    "Gather": Kind.SELECT, "ReduceMean": Kind.MEAN, "GlobalAveragePool": Kind.MEAN,
+    "Pad": Kind.PAD, "Concat": Kind.CONCAT, "Shape": Kind.SHAPE, "Size": Kind.SHAPE,
 }  # fmt: skip
 Step = tuple[ir.Value, str, np.ndarray, bool]  # data input, op, constant, data first
 
@@ -36,6 +37,7 @@ class OnnxFoldGraph:
 
     def __init__(self, graph: ir.Graph) -> None:
         self.graph = graph
+        self.norm_names: set[str] = set()  # the norms described so far
 
     # -- the norms ---------------------------------------------------------------------------
     def norm_sites(self) -> list[tuple[ir.Node, ...]]:
@@ -83,22 +85,42 @@ class OnnxFoldGraph:
         chain = [(op, torch.from_numpy(value), first) for _, op, value, first in steps]  # type: ignore[misc]
         scale, shift = compose_affine_chain(chain, channels)
         name, kind = norm_name(nodes[0], nodes[-1].outputs[0])
+        name = self._call_of(name)
         return Norm(name, kind, nodes, data, nodes[-1].outputs[0], scale, shift)
+
+    def _call_of(self, name: str) -> str:
+        """The legacy exporter names a module's second call ``path_1``: the module's path, so
+        that every format reports the calls of a shared norm alike (``path (call 2)``)."""
+        base, _, number = name.rpartition("_")
+        name = base if number.isdigit() and base in self.norm_names else name
+        self.norm_names.add(name)
+        return name
 
     # -- reading the graph -------------------------------------------------------------------
     def op(self, node: ir.Node) -> Op:
         kind = KINDS.get(node.op_type, Kind.OTHER) if node.domain in ("", "ai.onnx") else Kind.OTHER
         if node.op_type == "Gather" and constant(node.inputs[0]) is not None:
             kind = Kind.LOOKUP
-        return Op(kind, tuple(node.inputs), node.outputs[0], self._axes(node, kind))
+        if kind is Kind.PAD and _attribute(node, "mode", "constant") != "constant":
+            kind = Kind.OTHER  # edge / reflect: not classified, never crossed
+        inputs = tuple(node.inputs[:1]) if kind is Kind.PAD else tuple(node.inputs)
+        fill = _pad_fill(node) if kind is Kind.PAD else None
+        return Op(kind, inputs, node.outputs[0], self._axes(node, kind), fill)
 
     def _axes(self, node: ir.Node, kind: Kind) -> tuple[int, ...]:
-        """SELECT / MEAN: the axes acted on (all when unknown); TRANSPOSE: the permutation."""
+        """SELECT / MEAN: the axes acted on (all when unknown); TRANSPOSE: the permutation;
+        PAD: the axes padded by a nonzero width (all when unknown); CONCAT: its axis."""
         data = node.inputs[0]
         rank = data.shape.rank() if data is not None and data.shape is not None else 0
         if kind is Kind.TRANSPOSE:
             perm = node.attributes.get("perm")
             return tuple(perm.value) if perm is not None else tuple(reversed(range(rank)))
+        if kind is Kind.CONCAT:
+            return (int(_attribute(node, "axis", 0)) % max(rank, 1),)
+        if kind is Kind.PAD:
+            return _padded_axes(node, rank)
+        if node.op_type == "GlobalAveragePool":
+            return tuple(range(2, rank))
         if kind not in (Kind.SELECT, Kind.MEAN) or not rank:
             return ()
         if node.op_type == "Gather":
@@ -265,6 +287,7 @@ class OnnxFoldGraph:
         add = ir.Node(
             "", "Add", [out, self._initializer(f"{name}_bias_folded", bias.astype(dtype))]
         )
+        add.outputs[0].shape, add.outputs[0].type = out.shape, out.type  # same as the MatMul's
         graph.insert_after(layer, add)  # named by NameFixPass
         for user, index in uses:
             user.replace_input_with(index, add.outputs[0])
@@ -298,14 +321,41 @@ def weight_kn(node: ir.Node) -> tuple[np.ndarray | None, str]:
     """A MatMul's or Gemm's constant weight of its own as (K, N), or why there is none."""
     if node.op_type == "MatMul":
         weight = constant(node.inputs[1])
-        ok = weight is not None and weight.ndim == 2 and _single_use(node.inputs[1])
-        return (weight, "") if ok else (None, f"{label(node)} has no constant 2-D weight")
+        if weight is None or weight.ndim != 2:
+            return None, f"{label(node)} has no constant 2-D weight"
+        if not _single_use(node.inputs[1]):
+            uses = len(node.inputs[1].uses())  # type: ignore[union-attr]
+            return (
+                None,
+                f"{label(node)} shares its weight (tied or shared layers): used {uses} times",
+            )
+        return weight, ""
     if node.op_type == "Gemm" and not _attribute(node, "transA", 0):
         weight = constant(node.inputs[1])
         if weight is None or not _single_use(node.inputs[1]):
             return None, f"{label(node)} has no constant weight of its own"
         return (weight.T if _attribute(node, "transB", 0) else weight), ""
     return None, f"{label(node)} is {node.op_type}"
+
+
+def _padded_axes(node: ir.Node, rank: int) -> tuple[int, ...]:
+    """The axes a Pad widens or narrows (begins for every axis, then ends); all when unknown."""
+    pads = constant(node.inputs[1]) if len(node.inputs) > 1 else None
+    given = constant(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
+    axes = list(range(rank)) if given is None else [int(a) % max(rank, 1) for a in given]
+    if pads is None or pads.size != 2 * len(axes):
+        return tuple(range(rank))
+    count = len(axes)
+    return tuple(sorted(a for i, a in enumerate(axes) if pads[i] or pads[i + count]))
+
+
+def _pad_fill(node: ir.Node) -> float | None:
+    """A constant Pad's value (0 when not given); None when it is not a constant."""
+    value = node.inputs[2] if len(node.inputs) > 2 else None
+    if value is None:
+        return 0.0
+    array = constant(value)
+    return None if array is None or array.size != 1 else float(array.item())
 
 
 def _single_use(value: ir.Value | None) -> bool:

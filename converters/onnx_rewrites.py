@@ -1,12 +1,12 @@
-"""Exact ONNX rewrites for edge runtimes: GELU per opset, and constant-index Gathers as slices.
+"""Exact ONNX rewrites: GELU per opset, and the graph helpers every rewrite here uses.
 
 * ``Gelu`` exists from opset 20. Below it, it is lowered to the formula torch writes
   (``x * (1 + erf(x / sqrt 2)) * 0.5``; the tanh variant to its own formula), which TIDL fuses.
   From opset 20 on, that Erf pattern (as the legacy exporter and opset <= 18 write it) becomes
   one ``Gelu``: onnx2tf turns Erf into a TensorFlow Flex op that LiteRT and NPUs cannot run,
   while ``Gelu`` becomes the TFLite builtin GELU.
-* ``x[:, 0, :]`` (HF ViT's cls pooling) exports as a Gather with a constant scalar index, a
-  GATHER in TFLite that Ethos-U cannot run: it becomes Slice (+ Squeeze), a STRIDED_SLICE.
+
+The rewrites for NPUs (Gathers as slices, ...) are in :mod:`.edge_rewrites`.
 """
 
 from __future__ import annotations
@@ -244,56 +244,6 @@ def product_tail(plus: ir.Value, x: ir.Value) -> list[ir.Node] | None:
     ):
         return None
     return [half_x, first]
-
-
-# -- constant-index Gather as Slice (+ Squeeze) ----------------------------------------------
-
-
-def gathers_to_slices(graph: ir.Graph) -> int:
-    """Every Gather with a constant single index on an axis that is not the last (the channel
-    axis) of data that is not constant, as Slice (+ Squeeze for a scalar index): exactly the
-    same values. Returns how many. Needs opset >= 13 (Squeeze's axes as an input)."""
-    if graph.opset_imports.get("", 0) < 13:
-        return 0
-    count = 0
-    for node in [n for n in graph if is_default_op(n, "Gather")]:
-        rewrite = gather_as_slice(graph, node)
-        if rewrite is not None:
-            replace_output(graph, node, *rewrite)
-            count += 1
-    return count
-
-
-def gather_as_slice(graph: ir.Graph, node: ir.Node) -> tuple[list[ir.Node], ir.Value] | None:
-    data, indices = node.inputs[0], constant(node.inputs[1])
-    if data is None or constant(data) is not None or data.shape is None:
-        return None
-    if indices is None or indices.size != 1 or indices.ndim > 1:
-        return None
-    if not np.issubdtype(indices.dtype, np.integer):
-        return None
-    rank = data.shape.rank()
-    attr = node.attributes.get("axis")
-    axis = (attr.as_int() if attr is not None else 0) % max(rank, 1)
-    index = int(indices.item())
-    size = data.shape[axis]
-    if rank < 2 or axis == rank - 1 or (isinstance(size, int) and not -size <= index < size):
-        return None  # the channel axis, or an out-of-range index Gather would reject
-    base = node.name or "gather"
-    end = INT64_MAX if index == -1 else index + 1  # [-1:0] would be empty
-    starts = int64_initializer(graph, [index], f"{base}_start")
-    ends = int64_initializer(graph, [end], f"{base}_end")
-    axes = int64_initializer(graph, [axis], f"{base}_axes")
-    dims = list(data.shape)
-    dims[axis] = 1
-    sliced = ir.Node("", "Slice", [data, starts, ends, axes])
-    sliced.outputs[0].shape, sliced.outputs[0].type = ir.Shape(dims), data.type
-    if indices.ndim == 1:
-        return [sliced], sliced.outputs[0]
-    squeeze = ir.Node("", "Squeeze", [sliced.outputs[0], axes])
-    squeeze.outputs[0].shape = ir.Shape(dims[:axis] + dims[axis + 1 :])
-    squeeze.outputs[0].type = data.type
-    return [sliced, squeeze], squeeze.outputs[0]
 
 
 # -- on a ModelProto -----------------------------------------------------------------------------

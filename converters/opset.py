@@ -11,12 +11,14 @@ is an error, never a mislabelled file; onnx.checker then validates the result ag
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-from .errors import OpsetError
+from .errors import OpsetError, root_cause
 from .onnx_rewrites import GELU_OPSET, gelu_for_opset
 
 # Reduce ops whose ``axes`` moved from attribute to input in opset 18 (ReduceSum moved in 13).
@@ -104,8 +106,8 @@ def convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
         try:
             model = onnx.version_converter.convert_version(model, step)
         except Exception as error:  # the converter raises bare RuntimeErrors with C++ text
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            model = relabelled(model, step, f"cannot convert opset {current} to {step}: {first}")
+            why = f"cannot convert opset {current} to {step}: {root_cause(error)}"
+            model = relabelled(model, step, why)
     if opset == 17 and current != 17:
         model = downgrade_to_opset17(model)
     return gelu_for_opset(model, opset) if opset >= GELU_OPSET else model
@@ -131,16 +133,28 @@ def relabelled(model: onnx.ModelProto, opset: int, why_not: str) -> onnx.ModelPr
     return proto
 
 
-def with_static_batch(model: onnx.ModelProto, batch: int = 1) -> onnx.ModelProto:
-    """Every graph input's first (batch) dimension fixed to ``batch``, shapes re-inferred: what
-    NPU compilers need from a model exported with a dynamic batch."""
+def with_static_batch(
+    model: onnx.ModelProto, batch: int = 1, samples: Mapping[str, Sequence[int]] | None = None
+) -> onnx.ModelProto:
+    """Every graph input's first (batch) dimension fixed to ``batch``, and its other open
+    dimensions to one sample's shape in ``samples`` (the user's data: a dynamic sequence
+    length), shapes re-inferred: what NPU compilers need from a model exported with dynamic
+    axes."""
     proto = onnx.ModelProto()
     proto.CopyFrom(model)
     initializers = {init.name for init in proto.graph.initializer}
+    samples = samples or {}
     for value in [*proto.graph.input, *proto.graph.output]:
         dims = value.type.tensor_type.shape.dim
-        if value.name not in initializers and dims:
-            dims[0].Clear()
-            dims[0].dim_value = batch
+        if value.name in initializers or not dims:
+            continue
+        dims[0].Clear()
+        dims[0].dim_value = batch
+        sample = samples.get(value.name)
+        if sample is not None and len(sample) == len(dims) - 1:
+            for dim, size in zip(list(dims)[1:], sample, strict=True):
+                if not dim.HasField("dim_value"):
+                    dim.Clear()
+                    dim.dim_value = int(size)
     del proto.graph.value_info[:]
     return onnx.shape_inference.infer_shapes(proto, data_prop=True)

@@ -12,8 +12,8 @@ values (a terminal bar in the CLI, a stage and percentage over HTTP).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from .fold import fold_norms
 from .fold_report import FoldReport
 from .onnx_fold import fold_onnx, load_onnx
 from .opset import convert_opset, with_static_batch
-from .program import load_program, program_example_inputs
+from .program import load_program, program_example_inputs, program_input_names
 from .progress import Progress, ProgressEvent, ignore_progress
 from .source import ModelSource
 from .trace import default_example_inputs
@@ -101,6 +101,9 @@ class FoldedSource:
     example: tuple[Tensor, ...]
     test_split: tuple[tuple[Tensor, ...], Tensor] | None
     info: edge_un.CheckpointInfo | None
+    # one sample of each input (no batch axis) as the user's data has it: what an ONNX
+    # source's open dimensions are fixed to for a target that needs static shapes
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def is_onnx(self) -> bool:
@@ -133,24 +136,39 @@ def load_and_fold(
     *,
     config: str | Path | Mapping[str, Any] | None = None,
     allow_online: bool = False,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> FoldedSource:
     """Read ``source`` (never running code from it) and fold every offline norm. A path is
-    read in the format its name says (:meth:`ModelSource.from_path`)."""
+    read in the format its name says (:meth:`ModelSource.from_path`). ``input_shapes``, one
+    sample of each input as the user's data has it, shapes what is left open: a Hugging Face
+    directory is traced at that sequence length or image size, a program or ONNX file's
+    dynamic dimensions take those sizes."""
     if not isinstance(source, ModelSource):
         source = ModelSource.from_path(source)
-    path = source.path
+    path, shapes = source.path, {k: tuple(v) for k, v in (input_shapes or {}).items()}
     if source.format == "hf":
-        model, example, test_split, info = _load_pretrained_source(path)
+        model, example, test_split, info = _load_pretrained_source(path, shapes)
         folded, fold_report = fold_norms(model, example, allow_online=allow_online)
-        return FoldedSource(source, fold_report, folded, model, example, test_split, info)
+        return FoldedSource(source, fold_report, folded, model, example, test_split, info, shapes)
     if not path.is_file():
         raise ConversionError(f"{path}: no such file or directory")
     if source.format == "onnx":
         folded, fold_report = fold_onnx(path, allow_online=allow_online)
-        return FoldedSource(source, fold_report, folded, None, (), None, None)
-    model, example, test_split, info = _load_torch_source(source, config)
+        loaded = FoldedSource(source, fold_report, folded, None, (), None, None)
+        return replace(loaded, input_shapes=by_input_name(loaded.input_names, shapes))
+    model, example, test_split, info = _load_torch_source(source, config, shapes)
     folded, fold_report = fold_norms(model, example, allow_online=allow_online)
-    return FoldedSource(source, fold_report, folded, model, example, test_split, info)
+    return FoldedSource(source, fold_report, folded, model, example, test_split, info, shapes)
+
+
+def by_input_name(
+    names: Sequence[str], shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, tuple[int, ...]]:
+    """``shapes`` keyed by the model's input names: a one-input model's data may call its one
+    array anything (``inputs``)."""
+    if len(names) == 1 and len(shapes) == 1 and names[0] not in shapes:
+        return {names[0]: next(iter(shapes.values()))}
+    return dict(shapes)
 
 
 def export_folded(
@@ -161,7 +179,8 @@ def export_folded(
     source is converted in place (opset via onnx's version converter, batch fixed by shape
     inference) and checked with onnx.checker (returns None: nothing was exported)."""
     if folded.is_onnx:
-        proto = folded.folded if dynamic_batch else with_static_batch(folded.folded)
+        shapes = folded.input_shapes
+        proto = folded.folded if dynamic_batch else with_static_batch(folded.folded, 1, shapes)
         proto = convert_opset(proto, opset)
         onnx.save_model(proto, str(path), save_as_external_data=False)
         onnx.checker.check_model(str(path), full_check=True)
@@ -201,8 +220,10 @@ def convert(
         )
         check = None
     else:
-        check = None if folded.test_split is None else _check_test_split(
-            folded.model, onnx_path, *folded.test_split
+        check = (
+            None
+            if folded.test_split is None
+            else _check_test_split(folded.model, onnx_path, *folded.test_split)
         )
         notes = () if check else ("no data set recorded in the checkpoint: test split not checked",)
     report(ProgressEvent("write report", 0.95))
@@ -224,7 +245,9 @@ def convert(
 
 
 def _load_torch_source(
-    source: ModelSource, config: str | Path | Mapping[str, Any] | None
+    source: ModelSource,
+    config: str | Path | Mapping[str, Any] | None,
+    shapes: Mapping[str, tuple[int, ...]],
 ) -> tuple[
     nn.Module, tuple[Tensor, ...], tuple[Tensor, Tensor] | None, edge_un.CheckpointInfo | None
 ]:
@@ -233,7 +256,8 @@ def _load_torch_source(
     checkpoint's info (None for a program)."""
     if source.format == "pt2":
         program = load_program(source.path)
-        example = program_example_inputs(program)
+        names = program_input_names(program)
+        example = program_example_inputs(program, by_input_name(names, shapes))
         if not example:
             raise ConversionError(f"{source.path.name}: the program carries no example inputs")
         return program, example, None, None
@@ -245,17 +269,23 @@ def _load_torch_source(
 
 
 def _load_pretrained_source(
-    directory: Path,
+    directory: Path, shapes: Mapping[str, tuple[int, ...]]
 ) -> tuple[nn.Module, tuple[Tensor, ...], tuple[tuple[Tensor, ...], Tensor] | None, Any]:
     """A Hugging Face model as users call it: its own forward arguments (``pixel_values``;
-    ``input_ids``, ``attention_mask``), from the test split it records, else shaped by its
-    config; traced as is (its output's ``logits`` are the model output)."""
+    ``input_ids``, ``attention_mask``) by name, its key/value cache off, traced on inputs
+    shaped as the user's data (``shapes``), else from the test split it records, else shaped
+    by its config (its output's ``logits`` are the model output)."""
     model, info = edge_un.load_pretrained(directory)
+    names = list(edge_un.hf.example_inputs(model))
+    shaped = edge_un.hf.example_inputs(model, shapes=by_input_name(names, shapes))
+    edge_un.hf.call_with_names(model, names)
+    test_split = None
     if "dataset" in info.metadata:
         inputs, labels = edge_data.checkpoint_split(info, "test")
-        named = tuple(edge_un.hf.named_inputs(model, inputs).values())
-        return model, tuple(t[:2] for t in named), (named, labels), info
-    return model, tuple(edge_un.hf.example_inputs(model).values()), None, info
+        test_split = (tuple(edge_un.hf.named_inputs(model, inputs).values()), labels)
+    if shapes or test_split is None:
+        return model, tuple(shaped.values()), test_split, info
+    return model, tuple(t[:2] for t in test_split[0]), test_split, info
 
 
 def _session(path: Path) -> ort.InferenceSession:

@@ -21,11 +21,12 @@ import io
 import json
 import os
 import zipfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, fx
 from torch._export.serde import schema
 from torch._export.serde.serialize import (
     ExportedProgramDeserializer,
@@ -36,6 +37,7 @@ from torch._export.serde.serialize import (
     deserialize_stride,
 )
 from torch.export import ExportedProgram
+from torch.export.graph_signature import TensorArgument
 from torch.export.pt2_archive._package import PT2ArchiveReader, _build_file_map
 from torch.export.pt2_archive.constants import (
     AOTINDUCTOR_DIR,
@@ -49,8 +51,10 @@ from torch.export.pt2_archive.constants import (
     WEIGHTS_CONFIG_FILENAME_FORMAT,
     WEIGHTS_DIR,
 )
+from torch.fx.graph import _PyTreeInfo
+from torch.utils import _pytree as pytree
 
-from .errors import NotAProgramError
+from .errors import NotAProgramError, root_cause
 from .program_outputs import reduce_to_logits
 
 MODEL_NAME = "model"  # what torch.export.save names the program in the archive
@@ -68,9 +72,8 @@ def load_program(path: str | Path) -> ExportedProgram:
     except NotAProgramError:
         raise
     except Exception as error:  # the deserializer raises many types on a damaged archive
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise NotAProgramError(
-            f"{path.name} is not a readable torch.export program: {first}"
+            f"{path.name} is not a readable torch.export program: {root_cause(error)}"
         ) from None
 
 
@@ -150,7 +153,73 @@ def _tensors(reader: PT2ArchiveReader, config_format: str, folder: str, name: st
     return tensors
 
 
-def program_example_inputs(program: ExportedProgram) -> tuple:
-    """The positional example inputs saved with the program (empty if none were safe)."""
+def program_example_inputs(
+    program: ExportedProgram, shapes: Mapping[str, Sequence[int]] | None = None
+) -> tuple:
+    """The example tensors saved with the program, positional then keyword ones in the order
+    its graph takes them (empty if none were safe); constants (``use_cache=False``) are not
+    inputs. An input whose shape the program leaves open beyond the batch (a dynamic sequence
+    length) is remade at the size ``shapes`` gives it (one sample, no batch axis)."""
     inputs = program.example_inputs
-    return tuple(inputs[0]) if inputs else ()
+    if not inputs:
+        return ()
+    args, kwargs = inputs
+    tensors = [(None, a) for a in args] + list((kwargs or {}).items())
+    tensors = [(name, t) for name, t in tensors if isinstance(t, Tensor)]
+    if not shapes:
+        return tuple(t for _, t in tensors)
+    placeholders = {n.name: n for n in program.graph_module.graph.nodes if n.op == "placeholder"}
+    return tuple(
+        _resized(tensor, placeholders.get(name), shapes.get(name))
+        for name, (_, tensor) in zip(program_input_names(program), tensors, strict=False)
+    )
+
+
+def program_input_names(program: ExportedProgram) -> list[str]:
+    """The program's tensor inputs (not its weights or constants), in the order it takes them."""
+    return [
+        spec.arg.name
+        for spec in program.graph_signature.input_specs
+        if spec.kind.name == "USER_INPUT" and isinstance(spec.arg, TensorArgument)
+    ]
+
+
+def positional_tensor_inputs(gm: fx.GraphModule) -> fx.GraphModule:
+    """An unlifted program that takes keyword inputs (``model(**inputs)`` as Hugging Face users
+    export it), and constants among them (``use_cache=False``), made to take its tensors
+    positionally in graph order, as every other source does; the constants, which the trace
+    specialized on, are no longer inputs. Edited in place; returned."""
+    codegen = gm.graph._codegen
+    info = getattr(codegen, "pytree_info", None)
+    if info is None:
+        return gm
+    for node in [n for n in gm.graph.nodes if n.op == "placeholder"]:
+        value = node.meta.get("val")
+        if isinstance(value, (bool, int, float, str, type(None))):  # a constant input
+            for user in list(node.users):  # torch.export's input guards: given the value
+                user.args = fx.node.map_arg(
+                    user.args, lambda a, n=node, v=value: v if a is n else a
+                )
+            if not node.users:
+                gm.graph.erase_node(node)
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    in_spec = pytree.tree_flatten((tuple(range(len(names))), {}))[1]
+    codegen.pytree_info = _PyTreeInfo(names, in_spec, info.out_spec)
+    gm._in_spec = in_spec
+    gm.recompile()
+    return gm
+
+
+def _resized(tensor: Tensor, placeholder: Any, sample: Sequence[int] | None) -> Tensor:
+    """``tensor`` at ``(batch, *sample)`` when the program leaves every differing dimension
+    open (1s for integer ids, so any vocabulary takes them); else as it is."""
+    value = placeholder.meta.get("val") if placeholder is not None else None
+    if sample is None or value is None or len(sample) != tensor.dim() - 1:
+        return tensor
+    wanted = (tensor.shape[0], *sample)
+    differ = [i for i in range(1, tensor.dim()) if tensor.shape[i] != wanted[i]]
+    if not differ or any(isinstance(value.shape[i], int) for i in differ):
+        return tensor
+    if tensor.is_floating_point():
+        return torch.randn(wanted, dtype=tensor.dtype)
+    return torch.ones(wanted, dtype=tensor.dtype)

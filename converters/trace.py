@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 from torch.export import ExportedProgram
 
-from .errors import ConversionError
+from .errors import ConversionError, root_cause
 
 
 def default_example_inputs(model: nn.Module) -> tuple[Tensor, ...]:
@@ -40,7 +40,7 @@ def export_eval(model: nn.Module, example_inputs: Any) -> ExportedProgram:
     try:
         return torch.export.export(model, args, dynamic_shapes=dynamic)
     except Exception as error:  # torch.export raises many types; one line for the user
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ConversionError(f"cannot trace {type(model).__name__}: {first}") from error
+        why = root_cause(error)
+        raise ConversionError(f"cannot trace {type(model).__name__}: {why}") from error
     finally:
         model.train(was_training)

@@ -217,20 +217,26 @@ class WordTokenizer:
 # -- preprocessing ---------------------------------------------------------------------------
 
 
-def image_preprocessing(name: str, train_images: np.ndarray) -> dict[str, Any]:
-    """Pixel scaling to [0, 1], then standardisation with the training split's mean and std."""
+def image_preprocessing(name: str, train_images: np.ndarray, pad: int = 0) -> dict[str, Any]:
+    """Pixel scaling to [0, 1], then standardisation with the training split's mean and std;
+    with ``pad``, each raw image first gets ``pad`` background (0) pixels on every side (a
+    model whose windows want 32 x 32, e.g. a Swin on MNIST; mean and std stay the unpadded
+    images', so the pixels they share are the same numbers)."""
     scale = 1.0 / 255.0 if name == "mnist" else 1.0 / 16.0
     pixels = train_images.astype(np.float64) * scale
     side = train_images.shape[-1]
-    return {
+    spec = {
         "kind": "image",
-        "input_shape": [1, side, side],
+        "input_shape": [1, side + 2 * pad, side + 2 * pad],
         "raw": f"uint8 pixels 0..{255 if name == 'mnist' else 16}, shape (N, {side}, {side})",
         "formula": "x = (raw * scale - mean) / std",
         "scale": scale,
         "mean": round(float(pixels.mean()), 6),
         "std": round(float(pixels.std()), 6),
     }
+    if pad:
+        spec.update(pad=pad, formula=f"x = (raw padded with {pad} px of 0 * scale - mean) / std")
+    return spec
 
 
 def text_preprocessing(tokenizer: WordTokenizer) -> dict[str, Any]:
@@ -257,18 +263,21 @@ def preprocessor(info: Any) -> Callable[[Any], Tensor]:
     """raw -> model input, exactly as training fed the model.
 
     ``info`` is a CheckpointInfo, its metadata dict, or the ``preprocessing`` entry itself.
-    Images: pixel values (N, H, W) or (N, 1, H, W) or (N, H*W) -> float32 (N, 1, H, W).
+    Images: pixel values (N, H, W) or (N, 1, H, W) or (N, H*W) -> float32 (N, 1, H, W), padded
+    first where the record says so.
     Text: a str or a list of str -> int64 token ids (N, max_len).
     """
     spec = _preprocessing_of(info)
     if spec["kind"] == "text":
         return WordTokenizer.from_dict(spec["tokenizer"])
-    shape = tuple(spec["input_shape"])
+    channels, height, width = spec["input_shape"]
+    pad = int(spec.get("pad", 0))
     scale, mean, std = float(spec["scale"]), float(spec["mean"]), float(spec["std"])
 
     def prepare(raw: Any) -> Tensor:
-        pixels = torch.as_tensor(np.asarray(raw), dtype=torch.float32).reshape(-1, *shape)
-        return (pixels * scale - mean) / std
+        pixels = torch.as_tensor(np.asarray(raw), dtype=torch.float32)
+        pixels = pixels.reshape(-1, channels, height - 2 * pad, width - 2 * pad)
+        return (torch.nn.functional.pad(pixels, (pad,) * 4) * scale - mean) / std
 
     return prepare
 
@@ -304,13 +313,16 @@ def load_raw(name: str) -> tuple[Any, np.ndarray]:
 
 
 def load_dataset(
-    name: str, seed: int = SPLIT_SEED, tokenizer: Mapping[str, Any] | None = None
+    name: str, seed: int = SPLIT_SEED, tokenizer: Mapping[str, Any] | None = None, pad: int = 0
 ) -> Dataset:
     """Load ``name`` ("mnist", "digits" or "rt"), split it with ``seed`` and preprocess it.
 
     For text the tokenizer is fitted on the training part only, unless one is given (a
-    checkpoint's, so that a trained model sees the ids it was trained with).
+    checkpoint's, so that a trained model sees the ids it was trained with). ``pad``: images
+    padded with that many background pixels on every side (see :func:`image_preprocessing`).
     """
+    if pad < 0 or (pad and name == "rt"):
+        raise ValueError(f"pad is a non-negative number of pixels around images, not {pad}")
     raw, labels = load_raw(name)
     split = make_split(labels, seed=seed)
     if name == "rt":
@@ -318,7 +330,7 @@ def load_dataset(
         fitted = WordTokenizer.from_dict(tokenizer) if tokenizer else WordTokenizer.fit(train_texts)
         preprocessing = text_preprocessing(fitted)
     else:
-        preprocessing = image_preprocessing(name, raw[split.train])
+        preprocessing = image_preprocessing(name, raw[split.train], pad)
     prepare = preprocessor(preprocessing)
     inputs, parts = {}, {}
     for part in ("train", "val", "test"):
@@ -350,7 +362,8 @@ def checkpoint_dataset(info: Any) -> Dataset:
     spec = _preprocessing_of(metadata)
     tokenizer = spec.get("tokenizer") if spec["kind"] == "text" else None
     seed = int(metadata.get("split", {}).get("seed", SPLIT_SEED))
-    return load_dataset(metadata["dataset"], seed=seed, tokenizer=tokenizer)
+    pad = int(spec.get("pad", 0)) if spec["kind"] == "image" else 0
+    return load_dataset(metadata["dataset"], seed=seed, tokenizer=tokenizer, pad=pad)
 
 
 def checkpoint_split(info: Any, part: str = "test") -> tuple[Tensor, Tensor]:

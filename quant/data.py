@@ -123,6 +123,32 @@ def feed_for(names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> Feeds:
     return {name: feeds[name] for name in names}
 
 
+HEADER_READERS = {1: np.lib.format.read_array_header_1_0, 2: np.lib.format.read_array_header_2_0}
+
+
+def sample_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """One sample's shape (no batch axis) of each array in an ``.npz`` but ``labels``, read
+    from the array headers only; empty when the file cannot be read so (``load_npz`` then says
+    what is wrong with it)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.namelist():
+                name = member.removesuffix(".npy")
+                if name == LABELS_NAME or not member.endswith(".npy"):
+                    continue
+                with archive.open(member) as stream:
+                    major, _ = np.lib.format.read_magic(stream)
+                    read_header = HEADER_READERS.get(major)
+                    if read_header is None:
+                        return {}
+                    shape, _, _ = read_header(stream)
+                shapes[name] = tuple(int(d) for d in shape[1:])
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+        return {}
+    return shapes
+
+
 def load_npz(
     path: str | Path, specs: Sequence[InputSpec], *, purpose: str, minimum: int
 ) -> Samples:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from converters.errors import plain
+
 
 class QuantError(ValueError):
     """Base class: bad input to a quantization job (4xx over HTTP, exit 1 on the CLI)."""
@@ -25,8 +27,10 @@ MAX_LINE_CHARS = 500  # a reason in a report, a job's error, a terminal line
 def one_line(error: BaseException) -> str:
     """An error's message as one line: its non-blank lines joined (pydantic and others write
     several, the first alone often says only how many), capped at MAX_LINE_CHARS; the type's
-    name when the message is empty. Every place that shows an error in one line uses this."""
-    line = "; ".join(part.strip() for part in str(error).splitlines() if part.strip())
+    name when the message is empty, without terminal escape codes (the ONNX exporter colours
+    its messages). Every place that shows an error in one line uses this."""
+    text = plain(str(error))
+    line = "; ".join(part.strip() for part in text.splitlines() if part.strip())
     if len(line) > MAX_LINE_CHARS:
         line = line[: MAX_LINE_CHARS - 3].rstrip() + "..."
     return line or type(error).__name__

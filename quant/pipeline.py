@@ -44,7 +44,7 @@ UNFINISHED = "its build did not finish"
 
 def convert(
     model: ModelSource | str | Path,
-    targets: Sequence[TargetProfile] | None = None,
+    targets: str | Sequence[TargetProfile | str] | None = None,
     calib: str | Path | None = None,
     eval: str | Path | None = None,  # the issue's name for the evaluation data
     out_dir: str | Path = "edge-un-out",
@@ -58,7 +58,8 @@ def convert(
     recalibrate_batches: int = 0,
     deadline: float | None = None,
 ) -> schema.Report:
-    """Convert ``model`` for ``targets`` (default: every profile) into ``out_dir``. A path is
+    """Convert ``model`` for ``targets`` (profiles or their names, ``["cpu", "imx93"]`` or
+    ``"cpu,imx93"``; default: every profile) into ``out_dir``. A path is
     read in the format its name says; the service passes the :class:`ModelSource` its upload
     checks established (its ``name`` is what the report calls the model).
 

@@ -32,6 +32,7 @@ from .data import (
     Samples,
     checkpoint_samples,
     load_npz,
+    sample_shapes,
 )
 from .drift import onnx_runner
 from .errors import DataFileError, QuantError, one_line
@@ -39,7 +40,7 @@ from .isolation import save_samples
 from .job_files import ExportedModel, Prepared, export_key
 from .ort_int8 import static_batch
 from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
-from .targets import PROFILES, Bars, TargetProfile
+from .targets import Bars, TargetProfile, resolve_targets
 
 # The opset and batch of the export that gives the fp32 reference when no target's could.
 REFERENCE_EXPORT = (18, False)
@@ -47,7 +48,7 @@ REFERENCE_EXPORT = (18, False)
 
 def prepare(
     model: ModelSource | str | Path,
-    targets: Sequence[TargetProfile] | None,
+    targets: str | Sequence[TargetProfile | str] | None,
     calib: str | Path | None,
     eval: str | Path | None,  # the name for the evaluation data
     out_dir: Path,
@@ -68,7 +69,10 @@ def prepare(
     if recalibrate_batches < 0:
         raise QuantError(f"recalibrate_batches must be >= 0, got {recalibrate_batches}")
     say(ProgressEvent("load", 0.01))
-    folded = load_and_fold(model, config=config, allow_online=allow_online)
+    # A model that leaves shapes open (a directory; a dynamic axis) takes the calibration
+    # data's: its sequence length, its image size.
+    shapes = sample_shapes(calib) if calib is not None else {}
+    folded = load_and_fold(model, config=config, allow_online=allow_online, input_shapes=shapes)
     if recalibrate_batches:
         check_recalibratable(folded)
     specs = _input_specs(folded)
@@ -118,12 +122,8 @@ def prepare(
     return prepared
 
 
-def _profiles(targets: Sequence[TargetProfile] | None) -> tuple[TargetProfile, ...]:
-    if isinstance(targets, str):
-        raise QuantError(
-            f"targets are profiles, not a string: quant.targets.parse_targets({targets!r})"
-        )
-    profiles = tuple(PROFILES.values()) if targets is None else tuple(dict.fromkeys(targets))
+def _profiles(targets: str | Sequence[TargetProfile | str] | None) -> tuple[TargetProfile, ...]:
+    profiles = resolve_targets(targets)
     if not profiles:
         raise QuantError("no targets to build: name at least one")
     return profiles

@@ -215,6 +215,7 @@ def summary_markdown(report: Report) -> str:
     lines += ([""] + [f"- {line}" for line in extra]) if extra else []
     lines += ["", f"## {latency_title(report)}", ""]
     lines += _table(LATENCY_HEADERS, latency_rows(report))
+    users = _artifact_users(report)
     for target in report.targets.values():
         lines += ["", f"## {target.name}: {target.board}", ""]
         lines += [f"- runtime: {target.runtime}; rules: {'; '.join(target.rules)}"]
@@ -223,8 +224,12 @@ def summary_markdown(report: Report) -> str:
         if target.inputs:
             lines.append(f"- takes (batch 1 shown without its batch axis): {inputs_line(target)}")
         for item in target.artifacts:
+            if users[item.name][0] != target.name:
+                continue  # listed once, under the first target that uses it
+            shared = [name for name in users[item.name] if name != target.name]
+            also = f" (also {', '.join(shared)}'s)" if shared else ""
             lines.append(f"- `{item.name}` ({item.bytes:,} bytes, sha256 {item.sha256[:12]}...): "
-                         f"{item.description}")  # fmt: skip
+                         f"{item.description}{also}")  # fmt: skip
         if target.drift and target.drift.worst_layers:
             worst = ", ".join(
                 f"{layer.module + ' ' if layer.module else ''}`{layer.name}` ({layer.op}, "
@@ -263,6 +268,16 @@ def summary_markdown(report: Report) -> str:
     if report.host is not None:
         lines += ["", "## Host", "", *host_markdown(report.host)]
     return "\n".join(lines) + "\n"
+
+
+def _artifact_users(report: Report) -> dict[str, list[str]]:
+    """Each artifact's name -> the targets that list it, in report order (an fp32 file two
+    targets share, e.g. imx93's and imx8mp's opset-20 batch-1 export, is one file)."""
+    users: dict[str, list[str]] = {}
+    for target in report.targets.values():
+        for item in target.artifacts:
+            users.setdefault(item.name, []).append(target.name)
+    return users
 
 
 def host_markdown(host: Host) -> list[str]:

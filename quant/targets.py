@@ -8,6 +8,7 @@ on every file produced. Facts behind each profile: ``shared/docs/targets-and-too
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -366,3 +367,15 @@ def parse_targets(spec: str | None) -> tuple[TargetProfile, ...]:
         return tuple(PROFILES.values())
     names = [part.strip() for part in spec.split(",") if part.strip()]
     return tuple(dict.fromkeys(get_profile(name) for name in names))
+
+
+def resolve_targets(
+    targets: str | Sequence[TargetProfile | str] | None,
+) -> tuple[TargetProfile, ...]:
+    """What a caller names as targets, as profiles in the order given, each once: profiles,
+    names (``["cpu", "imx93"]``), a comma list (``"cpu,imx93"``), or None for every one."""
+    if targets is None or isinstance(targets, str):
+        return parse_targets(targets)
+    return tuple(
+        dict.fromkeys(t if isinstance(t, TargetProfile) else get_profile(t) for t in targets)
+    )

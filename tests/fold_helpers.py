@@ -13,22 +13,7 @@ from torch import Tensor, nn
 
 import edge_un
 from edge_un.models import TextTransformer, VisionTransformer
-
-
-def randomize_norm_state(model: nn.Module, seed: int) -> nn.Module:
-    """Plausible trained statistics and affine parameters in every offline norm."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if not isinstance(module, edge_un.OfflineNorm):
-                continue
-            c = module.num_features
-            module.running_var.copy_(torch.empty(c).uniform_(0.05, 6.0, generator=generator))
-            module.weight.copy_(1 + 0.4 * torch.randn(c, generator=generator))
-            module.bias.copy_(0.5 * torch.randn(c, generator=generator))
-            if module.centered:
-                module.running_mean.copy_(torch.randn(c, generator=generator))
-    return model.eval()
+from testbed.hf_families import randomize_norm_state  # shared with the benchmarks
 
 
 def random_config(seed: int) -> tuple[str, dict[str, Any]]:

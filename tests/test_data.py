@@ -108,6 +108,26 @@ def test_image_preprocessor_matches_dataset() -> None:
     assert torch.equal(prepare(images[rows].reshape(7, -1)), dataset.inputs["test"][:7])
 
 
+def test_padded_images_are_the_same_pixels_framed_by_background() -> None:
+    """MNIST padded to 32 x 32 (a Swin's windows): the 28 x 28 inputs inside, the background's
+    value around them, recorded so that a checkpoint's split and raw images give it again."""
+    plain, padded = data.load_dataset("mnist"), data.load_dataset("mnist", pad=2)
+    inner, framed = plain.part("test")[0], padded.part("test")[0]
+    assert framed.shape == (len(inner), 1, 32, 32) and padded.preprocessing["pad"] == 2
+    assert torch.equal(framed[:, :, 2:30, 2:30], inner)
+    frame = framed.clone()
+    frame[:, :, 2:30, 2:30] = float("nan")
+    background = -plain.preprocessing["mean"] / plain.preprocessing["std"]
+    assert torch.allclose(frame[~frame.isnan()], torch.tensor(background), atol=1e-6)
+    record = {"dataset": "mnist", "split": padded.split, "preprocessing": padded.preprocessing}
+    assert torch.equal(data.checkpoint_split(record, "test")[0], framed)
+    images, labels = data.load_mnist_raw()
+    rows = data.make_split(labels).test[:5]
+    assert torch.equal(data.preprocessor(record)(images[rows]), framed[:5])
+    with pytest.raises(ValueError, match="pad is a non-negative number of pixels"):
+        data.load_dataset("rt", pad=2)
+
+
 def test_unknown_dataset_and_missing_package(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(data.UnknownDatasetError, match="expected one of mnist, digits, rt"):
         data.load_dataset("cifar")

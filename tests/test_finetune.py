@@ -216,6 +216,28 @@ def test_recalibrate_changes_only_inference_statistics(family: str, kind: str) -
     assert np.mean(tid_after) < 0.5 * np.mean(tid_before)
 
 
+class _SharedNorm(nn.Module):
+    """One norm applied at two depths, as ALBERT's shared layer applies its norms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = edge_un.UnifiedNorm(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) + self.norm(3.0 * x)
+
+
+def test_recalibrate_pools_every_call_of_a_shared_norm() -> None:
+    """A norm a forward calls twice normalises both inputs with one statistic: recalibration
+    takes it over both (mean square of x and of 3x: 5 x that of x), not the first call's."""
+    torch.manual_seed(0)
+    model, x = _SharedNorm(), torch.randn(64, 6, 4)
+    report = recalibrate(model, x, batches=4, batch_size=16)
+    expected = ((x.double() ** 2).mean(dim=(0, 1)) * 5).float()
+    torch.testing.assert_close(model.norm.running_var, expected, rtol=1e-5, atol=1e-6)
+    assert list(report.layers) == ["norm"] and report.samples == 64
+
+
 def test_cli_migrate_from_npz_and_finetune_int8_ready(checkpoints, digits, tmp_path, capsys):
     x, y = digits.part("train")
     npz = tmp_path / "train.npz"

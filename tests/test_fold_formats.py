@@ -1,7 +1,9 @@
-"""One model, any source format, one fold: the bundled models, both Hugging Face examples and a
-BERT with token-type embeddings, as an nn.Module (a checkpoint or save_pretrained directory), a
-``torch.export`` program (.pt2), a dynamo ONNX file and a legacy ONNX file, fold the same norms
-into the same layers, and each folded file computes what the model does.
+"""One model, any source format, one fold: the bundled models, both Hugging Face examples, a
+BERT with token-type embeddings and the other transformers families users bring (DeiT, Swin,
+DistilBERT, RoBERTa, ALBERT, ELECTRA, GPT-2: tiny, random, UN; :mod:`testbed.hf_families`), as
+an nn.Module (a checkpoint or save_pretrained directory), a ``torch.export`` program (.pt2), a
+dynamo ONNX file and a legacy ONNX file, fold the same norms into the same layers, and each
+folded file computes what the model does.
 
 (Before the one fold engine, the ONNX route named only the word table for BERT's embeddings
 norm, the .pt2 route all three.) Drift per format on every target: tests/test_hf_convert.py.
@@ -24,6 +26,7 @@ import edge_un.hf
 from converters import FoldReport, fold_norms, fold_onnx, load_program
 from converters.trace import default_example_inputs
 from edge_un import examples
+from testbed import hf_families
 
 from .fold_helpers import randomize_norm_state, relative_diff
 
@@ -31,6 +34,7 @@ transformers = pytest.importorskip("transformers")
 
 BUNDLED = ("vit-mnist-un", "vit-mnist-ln-to-un", "text-rt-un", "text-rt-ln-to-un")
 HF = ("hf-vit-mnist-un", "hf-bert-rt-un")
+FAMILIES = ("deit", "swin", "distilbert", "roberta", "albert", "electra", "gpt2")
 TOLERANCE = 1e-4  # ONNX Runtime (float32) vs torch, relative to the logits' max abs value
 
 
@@ -56,6 +60,10 @@ def bert_with_token_types() -> tuple[nn.Module, dict[str, Tensor]]:
 def model_and_inputs(name: str) -> tuple[nn.Module, dict[str, Tensor]]:
     if name == "bert-token-types":
         return bert_with_token_types()
+    if name in FAMILIES:  # called positionally as a converted file is: inputs by name, no cache
+        model = hf_families.build(name)
+        feeds = {n: torch.from_numpy(a) for n, a in hf_families.user_feeds(model, 3, 4).items()}
+        return edge_un.hf.call_with_names(model, list(feeds)), feeds
     if name in HF:
         model, _ = edge_un.load_pretrained(examples.path(name))
         return model.eval(), edge_un.hf.example_inputs(model)
@@ -95,7 +103,16 @@ def placements(report: FoldReport) -> dict[str, tuple[str, tuple[str, ...]]]:
     return {norm.name: (norm.action, norm.into) for norm in report.norms}
 
 
-@pytest.mark.parametrize("name", [*BUNDLED, *HF, "bert-token-types"])
+# Swin and GPT-2 from every format here; the other families (their directory, .pt2 and dynamo
+# ONNX folds: tests/test_hf_families_convert.py) with -m slow.
+QUICK_FAMILIES = ("swin", "gpt2")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [*BUNDLED, *HF, "bert-token-types", *QUICK_FAMILIES]
+    + [pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES if f not in QUICK_FAMILIES],
+)
 def test_every_source_format_folds_the_same_norms_into_the_same_layers(
     name: str, tmp_path: Path
 ) -> None:

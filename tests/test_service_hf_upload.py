@@ -128,6 +128,33 @@ def _replace_config(path: Path) -> Path:
     return path
 
 
+def test_a_family_the_converter_cannot_trace_is_refused_in_one_line(tmp_path: Path) -> None:
+    """An audio classifier (UN, loads fine) takes ``input_values``: the converter traces image
+    and text classifiers; refused at upload with that one line, no traceback, no codes."""
+    transformers = pytest.importorskip("transformers")
+    import edge_un
+
+    config = transformers.Wav2Vec2Config(
+        vocab_size=10, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3),
+        num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2, feat_extract_norm="layer",
+        num_labels=2, classifier_proj_size=8,
+    )  # fmt: skip
+    model = transformers.Wav2Vec2ForSequenceClassification(config)
+    edge_un.swap_layernorm(model, kind="un")
+    edge_un.save_pretrained(model, tmp_path / "audio")
+    archive = tmp_path / "audio.zip"
+    with zipfile.ZipFile(archive, "w") as zipped_dir:
+        for name in ("config.json", "model.safetensors"):
+            zipped_dir.write(tmp_path / "audio" / name, f"audio/{name}")
+    with pytest.raises(UploadRejected) as caught:
+        check(archive)
+    detail = caught.value.detail
+    assert status_of(caught.value) == 422 and caught.value.title == "Unsupported model"
+    assert detail.startswith("Wav2Vec2ForSequenceClassification takes 'input_values'"), detail
+    assert "\n" not in detail and "\x1b" not in detail and "Traceback" not in detail
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_bad_archive_is_refused_with_its_reason(tmp_path: Path, case: str) -> None:
     make, fragment = CASES[case]

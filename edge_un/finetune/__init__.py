@@ -7,12 +7,22 @@ from ..training.evaluation import agreement, predict
 from ..training.inputs import ModelInputs
 from ..training.loop import ExtraLoss
 from .engine import EpochRecord, FinetuneRecipe, FinetuneResult, distill
-from .int8_ready import METHODS, BranchDecay, RangePenalty, make_int8_ready, residual_ranges
+from .int8_ready import (
+    BRANCH_OUTPUTS,
+    METHODS,
+    BranchDecay,
+    NoBranchOutputsError,
+    RangePenalty,
+    branch_outputs,
+    make_int8_ready,
+    residual_ranges,
+)
 from .migrate import NothingToMigrateError, migrate, migration_student
 from .recalibrate import LayerTID, RecalibrationReport, inference_statistics, recalibrate
 from .record import finetune_metadata, save_finetuned
 
 __all__ = [
+    "BRANCH_OUTPUTS",
     "METHODS",
     "BranchDecay",
     "EpochRecord",
@@ -21,10 +31,12 @@ __all__ = [
     "FinetuneResult",
     "LayerTID",
     "ModelInputs",
+    "NoBranchOutputsError",
     "NothingToMigrateError",
     "RangePenalty",
     "RecalibrationReport",
     "agreement",
+    "branch_outputs",
     "distill",
     "finetune_metadata",
     "inference_statistics",

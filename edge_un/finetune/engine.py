@@ -14,7 +14,7 @@ own models, several keyword inputs for a Hugging Face model (``input_ids`` with
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from ..norms import PowerNormStar, UnifiedNorm
 from ..training.evaluation import accuracy_of, agreement, filtered_counts, predict
 from ..training.inputs import Inputs, ModelInputs, count, forward, head, named
 from ..training.loop import EpochLosses, ExtraLoss, Schedule, train
+from .recalibrate import norm_calls
 
 
 @dataclass(frozen=True)
@@ -103,14 +104,19 @@ class FinetuneResult:
         return [asdict(record) for record in self.history]
 
 
-def scale_norm_warmup(model: nn.Module, steps: int) -> dict[str, int]:
+def scale_norm_warmup(
+    model: nn.Module, steps: int, calls: Mapping[str, int] | None = None
+) -> dict[str, int]:
     """Give every UN / PN layer ``steps`` steps of warm-up (batch statistics) from its current
     step count: a migrated norm starts at step 0, an already trained one re-enters a short
-    warm-up, so the new weights never meet a stale window. Returns the new warmup_iters."""
+    warm-up, so the new weights never meet a stale window. A norm counts its calls, so one that
+    ``calls`` says a forward calls k times (a layer shared across depths) gets k x ``steps``.
+    Returns the new warmup_iters."""
     scaled = {}
     for name, module in model.named_modules():
         if isinstance(module, (UnifiedNorm, PowerNormStar)):
-            module.warmup_iters = int(module.num_steps) + steps
+            per_step = (calls or {}).get(name, 1)
+            module.warmup_iters = int(module.num_steps) + steps * per_step
             scaled[name] = module.warmup_iters
     return scaled
 
@@ -180,7 +186,8 @@ def distill(
     teacher.eval().requires_grad_(False)
     teacher_val = predict(teacher, val)
     schedule = recipe.schedule()
-    norm_warmup = scale_norm_warmup(student, schedule.norm_warmup_steps(samples))
+    calls = {name: count for name, (_, count) in norm_calls(student, head(inputs, 2)).items()}
+    norm_warmup = scale_norm_warmup(student, schedule.norm_warmup_steps(samples), calls)
 
     torch.manual_seed(recipe.seed)  # dropout, where the student has any
     history: list[EpochRecord] = []

@@ -14,8 +14,8 @@ computes) under one of two pressures on that range:
 * ``"growth"``: the same penalty with the limit relative to the first norm input's range, so
   it bounds how much the stream grows with depth rather than its absolute scale;
 * ``"decay"``: extra L2 decay on the residual branches' output projections (weights and biases
-  of ``attn.proj`` and ``mlp.fc2``, or their Hugging Face names: see ``BRANCH_OUTPUTS``), which
-  is what the stream accumulates;
+  of ``attn.proj`` and ``mlp.fc2``, or each Hugging Face family's names: see
+  ``BRANCH_OUTPUTS``), which is what the stream accumulates;
 * ``"fakequant"``: quantization-aware training of those tensors: every norm input, the inputs
   of the branch output projections and every Linear's output go through symmetric per-tensor
   int8 fake quantization
@@ -38,12 +38,56 @@ from ..training.inputs import ModelInputs, batches, call, head, named
 from .engine import FinetuneRecipe, FinetuneResult, distill
 
 METHODS: tuple[str, ...] = ("range", "growth", "decay", "fakequant")
-# The Linear that ends each residual branch (attention, MLP), by module name suffix: edge_un's
-# models; transformers' ViT and DeiT; BERT (attention.output.dense, output.dense); DistilBERT.
+# The Linear that ends each residual branch (attention, MLP), by module name suffix, family by
+# family (transformers 5's names; BERT's also cover the older ViT, DeiT and Swin):
 BRANCH_OUTPUTS: tuple[str, ...] = (
-    "attn.proj", "mlp.fc2", "attention.o_proj", "output.dense", "attention.out_lin", "ffn.lin2",
+    "attn.proj", "mlp.fc2",  # edge_un's ViT and text model; transformers' ViT, DeiT, Swin (fc2)
+    "attention.o_proj",  # ViT, DeiT, Swin
+    "output.dense",  # BERT, RoBERTa, ELECTRA: attention.output.dense and output.dense
+    "attention.out_lin", "ffn.lin2",  # DistilBERT
+    "attention.dense", "ffn_output",  # ALBERT (one shared layer: its modules appear once)
+    "attn.c_proj", "mlp.c_proj",  # GPT-2 (Conv1D: a Linear with its weight transposed)
 )  # fmt: skip
 NORM_TYPES = (OfflineNorm, nn.LayerNorm, LayerNorm)
+# transformers' GPT-2 Conv1D computes x @ weight + bias: a Linear, stored transposed. Told apart
+# by its class and package, so that this module never imports transformers.
+CONV1D = ("Conv1D", "transformers.pytorch_utils")
+
+
+class NoBranchOutputsError(ValueError):
+    """The model has none of the residual branch output projections ``decay`` acts on."""
+
+
+def is_linear(module: nn.Module) -> bool:
+    """A Linear layer: ``nn.Linear``, or transformers' ``Conv1D`` (GPT-2's)."""
+    cls = type(module)
+    return isinstance(module, nn.Linear) or (cls.__name__, cls.__module__) == CONV1D
+
+
+def branch_outputs(
+    model: nn.Module, names: Sequence[str] = BRANCH_OUTPUTS
+) -> list[tuple[str, nn.Module]]:
+    """The Linears ending the residual branches (their name ends with one of ``names``), each
+    once: a layer shared across depths (ALBERT) is one module."""
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if is_linear(module) and any(name == n or name.endswith(f".{n}") for n in names)
+    ]
+
+
+def require_branch_outputs(
+    model: nn.Module, names: Sequence[str] = BRANCH_OUTPUTS
+) -> list[tuple[str, nn.Module]]:
+    """:func:`branch_outputs`, or a one-line error naming the method that needs none."""
+    found = branch_outputs(model, names)
+    if not found:
+        raise NoBranchOutputsError(
+            f"no residual branch output projection ({', '.join(names)}) found in "
+            f"{type(model).__name__}: use --method range (method='range'), which bounds the "
+            "norms' inputs and needs no module names"
+        )
+    return found
 
 
 def norm_inputs_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -95,9 +139,9 @@ class RangePenalty:
         self.weight, self.target, self.top_fraction = weight, target, top_fraction
         self.relative = relative
         self._recorded: list[Tensor] = []
-        self._handles = [
-            m.register_forward_pre_hook(self._record) for _, m in norm_inputs_modules(model)
-        ]
+        norms = norm_inputs_modules(model)
+        self.modules = [name for name, _ in norms]
+        self._handles = [m.register_forward_pre_hook(self._record) for _, m in norms]
 
     def _record(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if module.training:
@@ -132,14 +176,9 @@ class BranchDecay:
         if weight < 0:
             raise ValueError(f"weight must be >= 0, got {weight}")
         self.weight = weight
-        self.parameters = [
-            p
-            for name, module in model.named_modules()
-            if any(name == n or name.endswith(f".{n}") for n in names)
-            for p in module.parameters()
-        ]
-        if not self.parameters:
-            raise ValueError(f"no residual branch output projection ({', '.join(names)}) found")
+        found = require_branch_outputs(model, names)
+        self.modules = [name for name, _ in found]
+        self.parameters = [p for _, module in found for p in module.parameters()]
 
     def __call__(self, model: nn.Module) -> Tensor:
         return self.weight * torch.stack([p.square().sum() for p in self.parameters]).sum()
@@ -159,18 +198,12 @@ class FakeQuant:
     def __init__(
         self, model: nn.Module, weight: float = 0.0, names: Sequence[str] = BRANCH_OUTPUTS
     ) -> None:
-        modules = [m for _, m in norm_inputs_modules(model)] + [
-            module
-            for name, module in model.named_modules()
-            if any(name == n or name.endswith(f".{n}") for n in names)
-        ]
-        self._handles = [m.register_forward_pre_hook(self._quantize) for m in modules]
+        inputs = norm_inputs_modules(model) + branch_outputs(model, names)
+        self._handles = [m.register_forward_pre_hook(self._quantize) for _, m in inputs]
         # Every Linear's output is an int8 tensor too (qkv, fc1, the branch outputs).
-        self._handles += [
-            m.register_forward_hook(self._quantize_output)
-            for m in model.modules()
-            if isinstance(m, nn.Linear)
-        ]
+        linears = [(name, m) for name, m in model.named_modules() if is_linear(m)]
+        self._handles += [m.register_forward_hook(self._quantize_output) for _, m in linears]
+        self.modules = sorted({name for name, _ in inputs + linears})
 
     @staticmethod
     def _quantize(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -219,12 +252,17 @@ def make_int8_ready(
     "decay" or "fakequant", see the module docstring).
 
     ``model`` is left untouched. ``result.extras`` holds the per-norm input abs max before and
-    after on the first 256 training inputs, the method and its weight.
+    after on the first 256 training inputs, the method, its weight and ``applied_to``: the
+    modules the pressure acts on (the norms whose input it bounds, the branch output projections
+    it decays, the modules whose tensors it fake-quantizes). ``decay`` on a model with none of
+    :data:`BRANCH_OUTPUTS` is refused before any training (:class:`NoBranchOutputsError`).
     """
     if method not in METHODS:
         raise ValueError(f"unknown int8-ready method {method!r}; expected one of {METHODS}")
     if not any(isinstance(m, OfflineNorm) for m in model.modules()):
         raise ValueError("make_int8_ready needs a model with offline norms (migrate it first)")
+    if method == "decay":
+        require_branch_outputs(model)  # refused before any copy or training
     weight = DEFAULT_WEIGHTS[method] if weight is None else weight
     recipe = recipe or FinetuneRecipe(lr=5e-4)
     teacher = copy.deepcopy(model).eval()
@@ -250,6 +288,7 @@ def make_int8_ready(
     result.extras.update(
         method=method,
         weight=weight,
+        applied_to=penalty.modules,
         target=target if method in ("range", "growth") else None,
         ranges_before=before,
         ranges_after=residual_ranges(student, probe),

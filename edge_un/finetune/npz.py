@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..hf import is_pretrained_model
+from ..hf import is_pretrained_model, max_sequence_length
 from ..training.inputs import SINGLE_INPUT, Inputs
 
 LABELS = "labels"
@@ -98,13 +98,15 @@ def _hf_specs(model: nn.Module) -> list[InputSpec]:
     if main != "input_ids":
         return [InputSpec(main, None, integer=None)]
     accepted = inspect.signature(model.forward).parameters
+    vocab = getattr(config, "vocab_size", None)
     specs = [
-        InputSpec("input_ids", (None,), integer=True,
-                  max_length=getattr(config, "max_position_embeddings", None),
-                  below=getattr(config, "vocab_size", None))
+        InputSpec("input_ids", (None,), integer=True, max_length=max_sequence_length(model),
+                  below=vocab)
     ]  # fmt: skip
-    # Optional: without a mask every position counts, without token types all are type 0.
-    bounds = {"attention_mask": 2, "token_type_ids": getattr(config, "type_vocab_size", None)}
+    # Optional: without a mask every position counts, without token types all are type 0. A
+    # model without type_vocab_size that takes token types (GPT-2) embeds them as tokens.
+    types = getattr(config, "type_vocab_size", None) or vocab
+    bounds = {"attention_mask": 2, "token_type_ids": types}
     specs += [
         InputSpec(name, (None,), integer=True, required=False, below=below, like="input_ids")
         for name, below in bounds.items()

@@ -17,6 +17,7 @@ statistics and ``var``/``mu`` the inference ones, before and after recalibration
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -68,7 +69,8 @@ def recalibrate(
     if batches < 1 or batch_size < 1:
         raise ValueError(f"batches and batch_size must be positive, got {batches}, {batch_size}")
     inputs = named(inputs)
-    norms = _execution_order(model, head(inputs, 2))
+    calls = norm_calls(model, head(inputs, 2))
+    norms = [(name, norm) for name, (norm, _) in calls.items()]
     if not norms:
         raise ValueError("the model has no offline norm to recalibrate")
     generator = torch.Generator().manual_seed(seed)
@@ -77,7 +79,7 @@ def recalibrate(
     model.eval()
     layers = {}
     for name, norm in norms:
-        means, variances = _batch_statistics(model, norm, chunks)
+        means, variances = _batch_statistics(model, norm, calls[name][1], chunks)
         before = _tid(norm, means, variances)
         population_var = torch.stack(variances).mean(dim=0)
         if norm.centered:
@@ -91,36 +93,46 @@ def recalibrate(
     return RecalibrationReport(layers=layers, batches=len(chunks), samples=len(order))
 
 
-def _execution_order(model: nn.Module, example: Inputs) -> list[tuple[str, OfflineNorm]]:
-    """Offline norms in the order a forward pass calls them (each once)."""
-    called: list[tuple[str, OfflineNorm]] = []
+def norm_calls(model: nn.Module, example: Inputs) -> dict[str, tuple[OfflineNorm, int]]:
+    """Every offline norm, in the order a forward pass first calls it, with how many times one
+    forward calls it: once, or once per depth for a layer shared across depths (ALBERT)."""
+    called: dict[str, tuple[OfflineNorm, int]] = {}
+
+    def count(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            called[name] = (module, called.get(name, (module, 0))[1] + 1)
+
+        return hook
+
     handles = [
-        module.register_forward_pre_hook(
-            lambda m, args, name=name: (
-                called.append((name, m)) if all(m is not seen for _, seen in called) else None
-            )
-        )
+        module.register_forward_pre_hook(count(name))
         for name, module in model.named_modules()
         if isinstance(module, OfflineNorm)
     ]
+    was_training = model.training
     try:
         model.eval()
         call(model, example)
     finally:
         for handle in handles:
             handle.remove()
+        model.train(was_training)
     return called
 
 
 def _batch_statistics(
-    model: nn.Module, norm: OfflineNorm, chunks: list[Inputs]
+    model: nn.Module, norm: OfflineNorm, calls: int, chunks: list[Inputs]
 ) -> tuple[list[Tensor], list[Tensor]]:
-    """Per batch: the per-channel mean (centred norms) and variance (quadratic mean otherwise)
-    of ``norm``'s input over non-pad positions, the forward stopped right there."""
+    """Per batch and call: the per-channel mean (centred norms) and variance (quadratic mean
+    otherwise) of ``norm``'s input over non-pad positions, the forward stopped after the last of
+    its ``calls`` (a shared norm's statistics cover every depth it normalises; its later calls
+    see inputs made with its earlier calls' old statistics, one pass's approximation)."""
     means: list[Tensor] = []
     variances: list[Tensor] = []
+    seen = 0
 
     def capture(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        nonlocal seen
         x = args[0]
         pad_mask = args[1] if len(args) > 1 else kwargs.get("pad_mask")
         flat, keep = flatten_tokens(x.to(module.running_var.dtype), pad_mask)
@@ -129,7 +141,9 @@ def _batch_statistics(
         variances.append(masked_mean(centred * centred, keep))
         if mean is not None:
             means.append(mean)
-        raise _Stop
+        seen += 1
+        if seen % calls == 0:
+            raise _Stop
 
     handle = norm.register_forward_pre_hook(capture, with_kwargs=True)
     try:

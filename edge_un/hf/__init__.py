@@ -13,7 +13,15 @@ model goes through ``from_pretrained``. ``transformers`` is imported inside the 
 ``import edge_un`` never needs it.
 """
 
-from .inputs import EXAMPLE_SEQUENCE, ClassifierLogits, example_inputs, named_inputs, pad_token_id
+from .inputs import (
+    EXAMPLE_SEQUENCE,
+    ClassifierLogits,
+    call_with_names,
+    example_inputs,
+    max_sequence_length,
+    named_inputs,
+    pad_token_id,
+)
 from .library import (
     INSTALL_HINT,
     TransformersUnavailableError,
@@ -39,9 +47,11 @@ __all__ = [
     "WEIGHTS_FILE",
     "ClassifierLogits",
     "TransformersUnavailableError",
+    "call_with_names",
     "example_inputs",
     "is_pretrained_model",
     "load_pretrained",
+    "max_sequence_length",
     "named_inputs",
     "norm_record",
     "pad_token_id",

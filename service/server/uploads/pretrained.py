@@ -175,6 +175,7 @@ def _check_config(path: Path) -> None:
 def _check_model(directory: Path, parameters: int) -> ModelUpload:
     """Load the model as the pipeline will; its norms must all be offline."""
     import edge_un
+    import edge_un.hf
     from converters.graph import ONLINE_NORM_CLASSES
 
     try:
@@ -191,6 +192,10 @@ def _check_model(directory: Path, parameters: int) -> ModelUpload:
             f"the model has {len(online)} online norms ({', '.join(online[:3])}); "
             f"{HF_MIGRATE_ADVICE}",
         )
+    try:  # what it takes: an image or text classifier's inputs (the converter traces those)
+        edge_un.hf.example_inputs(model)
+    except edge_un.CheckpointError as error:
+        raise reject("Unsupported model", one_line(error)) from None
     # Its inputs are the forward arguments a data file chooses among (input_ids with or without
     # attention_mask): checked against the .npz when the job runs, not here.
     return ModelUpload("hf", parameters, info.norm_kind or None, None)
