@@ -234,6 +234,10 @@ class LiveServer:
 
     def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # an idle connection is dropped after 2 s, before the server's 5 s (uvicorn's
+        # keep-alive timeout; httpx's own is also 5 s, so a reused connection could be closed
+        # by the server as a request went out on it)
+        kwargs.setdefault("limits", httpx.Limits(keepalive_expiry=2.0))
         return httpx.Client(base_url=self.url, headers=headers, timeout=120, **kwargs)
 
 

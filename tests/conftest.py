@@ -18,6 +18,12 @@ from .builders import example_vit_onnx, trained_small_model
 from .databases import postgres_settings, settings  # noqa: F401  (database fixtures)
 from .servers import missing, postgres_server, redis_server  # noqa: F401  (session fixtures)
 
+# pytest-xdist runs two test processes on the two cores: one torch thread each, or their
+# thread pools oversubscribe the cores and every tensor op waits (the job processes that the
+# service tests start choose their own threads, EDGE_UN_JOB_THREADS)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
