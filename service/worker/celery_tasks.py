@@ -97,9 +97,10 @@ def start_job(task: Task, job_id: str, recheck: bool = False) -> str:
     else:
         with session_scope(settings) as session:
             steps = job_targets.queued_of_run(session, claim)
-        _send(send_targets, task, steps)
-        with session_scope(settings) as session:
-            job_targets.mark_sent(session, steps)
+        # marked sent only once the broker took them: unsent, the reconciler sends them
+        if _send(send_targets, task, steps):
+            with session_scope(settings) as session:
+                job_targets.mark_sent(session, steps)
     return f"job {claim.job_id} attempt {claim.attempt} prepared: exit code {code}"
 
 
