@@ -23,7 +23,7 @@ from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
 from .data import Feeds, as_feeds
-from .drift import Inputs, sqnr_db, sqnr_of_sums, square_sums
+from .drift import Inputs, sqnr_db, sqnr_of_sums, sqnr_sample_count, square_sums
 from .latency import Timing, time_calls
 
 SQNR_SAMPLES = 32
@@ -266,7 +266,8 @@ def tensor_sqnr_tflite(
     (``TfliteArtifacts.float32``: same saved_model, so same tensor names), worst first.
 
     Streamed: both files run one sample at a time and each tensor keeps only its two sums of
-    squares, because every activation of a ViT-Tiny sample alone is ~200 MB."""
+    squares, because every activation of a ViT-Tiny sample alone is ~200 MB. Over the first
+    ``samples``, fewer for a model with large activations (``quant.drift.sqnr_sample_count``)."""
     if Path(reference).suffix != ".tflite":
         raise ValueError("the SQNR reference must be the fp32 TFLite file of the same conversion")
     subset = _head(as_feeds(inputs), samples)
@@ -278,7 +279,8 @@ def tensor_sqnr_tflite(
         if name in q_tensors.details and ref_name in f_tensors.details
     }
     sums = {name: np.zeros(2) for name in pairs}
-    for sample in range(len(q_tensors)):
+    values = sum(int(np.prod(d["shape"])) for name in pairs for d in q_tensors.details[name])
+    for sample in range(sqnr_sample_count(values, len(q_tensors))):
         q_tensors.run(sample)
         f_tensors.run(sample)
         for name, ref_name in list(pairs.items()):

@@ -36,7 +36,14 @@ from .deadline import SearchStopped, stop_note, watching
 from .drift import Drift, kernel_gap, measure_drift, onnx_runner, tensor_sqnr
 from .latency import onnx_latency, thread_counts
 from .ort_int8 import quantize_onnx
-from .records import WORST_LAYERS, artifact_record, drift_record, latency_record, onnx_inputs
+from .records import (
+    WORST_LAYERS,
+    artifact_record,
+    drift_record,
+    finite,
+    latency_record,
+    onnx_inputs,
+)
 from .rules import check_onnx_artifact, onnx_op_histogram, unsupported_ops
 from .sources import Source, derived_sources, label_of, onnx_graph, onnx_sources, placed_ops
 from .target_job import Bars, TargetJob
@@ -142,8 +149,8 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
         schema.LayerError(
             name=e.name,
             op=e.op,
-            sqnr_db=e.sqnr_db,
-            own_sqnr_db=e.own_sqnr_db,
+            sqnr_db=finite(e.sqnr_db),
+            own_sqnr_db=finite(e.own_sqnr_db),
             module=label_of(sources, e.name),
         )
         for e in errors[:WORST_LAYERS]

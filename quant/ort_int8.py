@@ -17,7 +17,7 @@ import contextlib
 import io
 import logging
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -149,14 +149,15 @@ def _activation_scales(
         for scale in sites
     }
     errors: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # scale -> (low's, high's) totals
-    run = saved_tensors(fp32_path, scratch / "augmented.onnx")
+    run = SavedTensors(fp32_path, scratch / "augmented.onnx")
+    # a scale whose tensor is not a float tensor of the fp32 model is rounded up later
+    sites = {scale: node for scale, node in sites.items() if node.input[0] in run.outputs}
+    wanted = sorted({node.input[0] for node in sites.values()})
     fp32 = onnx.load(str(fp32_path))
     for chunk in samples.batches(stream_batch(fp32), pad=static_batch(fp32) is not None):
-        values = run(chunk)
+        values = run(chunk, wanted)
         for scale, node in sites.items():
-            real = values.get(node.input[0])
-            if real is None:  # not a float tensor of the fp32 model: rounded up later
-                continue
+            real = values[node.input[0]]
             zero_point = _zero_point(node, initializers)
             dtype = _quantized_dtype(node, initializers)
             low, high = (squared_error(real, c, zero_point, dtype) for c in candidates[scale])
@@ -166,27 +167,40 @@ def _activation_scales(
     return {scale: _smaller_error(*candidates[scale], *errors[scale]) for scale in errors}
 
 
-def saved_tensors(model_path: Path, augmented: Path) -> Callable[[Feeds], dict[str, np.ndarray]]:
-    """A batch of inputs (by input name) -> every float tensor of the model on it, by name.
+class SavedTensors:
+    """A batch of inputs (by input name) -> the float tensors of the model on it, by name.
 
     ORT's ``collect_activations`` keeps every batch and builds a session per call; this builds
     one session (graph optimizations off, as there: an int8 model runs its Q/DQ nodes as
     written) on the model saved with all its tensors as outputs at ``augmented``, and returns
-    one batch's tensors for the caller to reduce and drop."""
-    modify_model_output_intermediate_tensors(str(model_path), str(augmented))
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.enable_cpu_mem_arena = False  # the arena would hold a batch's tensors after the run
-    session = ort.InferenceSession(str(augmented), options, providers=["CPUExecutionProvider"])
-    input_names = [value.name for value in session.get_inputs()]
-    saved = [o.name for o in session.get_outputs() if o.name.endswith(_TENSOR_SAVE_POSTFIX)]
-    names = [name[: -len(_TENSOR_SAVE_POSTFIX)] for name in saved]
+    one batch's tensors for the caller to reduce and drop: all of them, or only the ``wanted``
+    ones (``names`` lists what there is), so that ORT hands Python no more than is used."""
 
-    def run(feeds: Feeds) -> dict[str, np.ndarray]:
-        outputs = session.run(saved, feed_for(input_names, feeds))
+    def __init__(self, model_path: Path, augmented: Path) -> None:
+        modify_model_output_intermediate_tensors(str(model_path), str(augmented))
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.enable_cpu_mem_arena = False  # the arena would hold a batch's tensors after it
+        self.session = ort.InferenceSession(
+            str(augmented), options, providers=["CPUExecutionProvider"]
+        )
+        self.input_names = [value.name for value in self.session.get_inputs()]
+        self.outputs = {
+            o.name[: -len(_TENSOR_SAVE_POSTFIX)]: o.name
+            for o in self.session.get_outputs()
+            if o.name.endswith(_TENSOR_SAVE_POSTFIX)
+        }
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.outputs)
+
+    def __call__(self, feeds: Feeds, wanted: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        names = self.names if wanted is None else list(wanted)
+        outputs = self.session.run(
+            [self.outputs[n] for n in names], feed_for(self.input_names, feeds)
+        )
         return dict(zip(names, outputs, strict=True))
-
-    return run
 
 
 def stream_batch(model: onnx.ModelProto) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -19,6 +20,11 @@ from .tflite_flatbuffer import TfliteInfo
 WORST_LAYERS = 5  # how many of the lowest-SQNR tensors a target's report names
 Runtime = Literal["onnxruntime", "litert"]
 ArtifactFormat = Literal["onnx", "tflite", "vela_tflite", "text"]
+
+
+def finite(value: float | None) -> float | None:
+    """A figure as the report holds it: JSON has no infinities, so a non-finite one is None."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def artifact_record(

@@ -75,7 +75,10 @@ MODULE_HELP = (
 class LayerError(_Model):
     name: str = Field(description="the tensor's name in the artifact's graph")
     op: str
-    sqnr_db: float = Field(description="int8 vs fp32 value of this tensor (accumulated error)")
+    sqnr_db: float | None = Field(
+        description="int8 vs fp32 value of this tensor (accumulated error); null where it is "
+        "not a finite number: the fp32 tensor holds infinities (a mask filled with -inf)"
+    )
     own_sqnr_db: float | None = Field(description="its own quantization step alone")
     module: str | None = Field(default=None, description=MODULE_HELP)
 

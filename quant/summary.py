@@ -82,6 +82,10 @@ def latency_rows(report: Report) -> list[list[str]]:
 WORST_LAYER_HEADERS = ["module", "tensor", "op", "SQNR dB", "own SQNR dB"]
 
 
+def _db(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def worst_layer_rows(target: TargetReport) -> list[list[str]]:
     """The target's worst layers, each with the module of the user's model it belongs to
     (``-`` when the model file records none) beside the artifact graph's own tensor name."""
@@ -92,8 +96,8 @@ def worst_layer_rows(target: TargetReport) -> list[list[str]]:
             layer.module or "-",
             layer.name,
             layer.op,
-            f"{layer.sqnr_db:.1f}",
-            "-" if layer.own_sqnr_db is None else f"{layer.own_sqnr_db:.1f}",
+            _db(layer.sqnr_db),
+            _db(layer.own_sqnr_db),
         ]
         for layer in target.drift.worst_layers
     ]
@@ -233,7 +237,7 @@ def summary_markdown(report: Report) -> str:
         if target.drift and target.drift.worst_layers:
             worst = ", ".join(
                 f"{layer.module + ' ' if layer.module else ''}`{layer.name}` ({layer.op}, "
-                f"{layer.sqnr_db:.1f} dB)"
+                f"{_db(layer.sqnr_db)} dB)"
                 for layer in target.drift.worst_layers
             )
             lines.append(f"- worst layers (SQNR vs fp32): {worst}")

@@ -34,6 +34,7 @@ from .records import (
     WORST_LAYERS,
     artifact_record,
     drift_record,
+    finite,
     latency_record,
     tflite_inputs,
 )
@@ -82,7 +83,11 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     sources = tflite_sources(shipped, converted.tensor_map, job.fp32_path)
     worst = [
         schema.LayerError(
-            name=tensor, op=op, sqnr_db=db, own_sqnr_db=None, module=label_of(sources, tensor)
+            name=tensor,
+            op=op,
+            sqnr_db=finite(db),
+            own_sqnr_db=None,
+            module=label_of(sources, tensor),
         )
         for tensor, op, db in tensor_sqnr_tflite(shipped, converted.float32, evaluation.feeds)
     ][:WORST_LAYERS]

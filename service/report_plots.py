@@ -43,9 +43,11 @@ def _svg(figure) -> str:
 
 
 def sqnr_svg(target: TargetReport) -> str:
-    """The target's worst layers: accumulated SQNR bars, each tensor's own step as a dot."""
+    """The target's worst layers: accumulated SQNR bars, each tensor's own step as a dot (a
+    layer without a finite SQNR has no bar: the report's table lists it)."""
     assert target.drift is not None
-    layers = sorted(target.drift.worst_layers, key=lambda layer: layer.sqnr_db, reverse=True)
+    finite = [layer for layer in target.drift.worst_layers if layer.sqnr_db is not None]
+    layers = sorted(finite, key=lambda layer: layer.sqnr_db or 0.0, reverse=True)
     figure, axes = _figure(len(layers))
     positions = list(range(len(layers)))
     axes.barh(

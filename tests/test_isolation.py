@@ -4,6 +4,7 @@ written. The crashing builders (tests/crash_builders.py) replace a real one for 
 
 from __future__ import annotations
 
+import math
 import signal
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 import quant.pipeline
 from converters.progress import ProgressEvent
 from edge_un import examples
+from quant.drift import Drift
 from quant.isolation import (
     MESSAGES,
     BuildFailed,
@@ -22,8 +24,9 @@ from quant.isolation import (
     builder_for,
 )
 from quant.pipeline import convert
-from quant.report import Report, TargetResult
-from quant.targets import PROFILES, Bars, parse_targets
+from quant.records import drift_record, finite
+from quant.report import LayerError, Report, TargetResult
+from quant.targets import DEFAULT_BARS, PROFILES, Bars, parse_targets
 
 
 @pytest.fixture
@@ -135,3 +138,22 @@ def test_each_message_comes_back_as_its_own_type() -> None:
     assert back[0].event == event  # the event itself, not a label to parse
     with pytest.raises(ValidationError):
         MESSAGES.validate_json('{"kind": "progress", "stage": "x"}')
+
+
+def test_a_result_with_infinite_sqnr_comes_back_whole() -> None:
+    """A tensor whose fp32 values are infinite (a mask filled with -inf) has no finite SQNR.
+    JSON has no infinity: the record holds None, and the result crosses the process boundary
+    equal (a -inf there used to fail the target: 'Input should be a valid number')."""
+    figure = Drift(None, None, None, 1.0, 1.0, 0.0, 100)
+    layers = [
+        LayerError(name=name, op="SELECT_V2", sqnr_db=finite(db), own_sqnr_db=finite(own))
+        for name, db, own in [("mask", -math.inf, math.inf), ("nan", math.nan, 12.5)]
+    ]
+    drift = drift_record(figure, "imx93/model_int8.tflite", layers, DEFAULT_BARS, "litert")
+    sent = Built(result=TargetResult(drift=drift))
+    back = MESSAGES.validate_json(sent.model_dump_json())
+    assert back == sent
+    assert [(layer.sqnr_db, layer.own_sqnr_db) for layer in back.result.drift.worst_layers] == [
+        (None, None),
+        (None, 12.5),
+    ]
