@@ -258,8 +258,12 @@ def test_int64_token_ids_take_the_saved_model_route(text) -> None:
     # is left in float (a bool->float cast and a DIV were, before), and the int64 input is fine.
     check_full_integer(info)
     assert not info.float_ops and "DIV" not in info.ops
-    # TensorFlow has no 16x8 path with an int64 GATHER index: said, not fatal
-    assert artifacts.int16x8 is None and "int16x8 conversion failed" in artifacts.notes[0]
+    # TensorFlow has no 16x8 path for an int64 input (it fails after a calibration pass): not
+    # tried, said, not fatal
+    assert artifacts.int16x8 is None
+    assert artifacts.notes[0].startswith(
+        "int16x8 conversion skipped: TensorFlow has no 16x8 path for integer input(s) "
+    )
     reference = _onnx_outputs(onnx_path, ids)
     assert np.mean(run_tflite(artifacts.int8, ids).argmax(1) == reference.argmax(1)) >= 0.9
 
