@@ -26,7 +26,7 @@ import contextlib
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
@@ -36,6 +36,7 @@ from .deadline import SearchStopped, stop_note, watching
 from .drift import Drift, kernel_gap, measure_drift, onnx_runner, tensor_sqnr
 from .latency import onnx_latency, thread_counts
 from .ort_int8 import quantize_onnx
+from .pow2_grid import GridSearch, align_streams
 from .records import (
     WORST_LAYERS,
     artifact_record,
@@ -69,7 +70,27 @@ class RecipeTrial:
 
 def build_onnx_target(job: TargetJob) -> schema.TargetResult:
     """int8 QDQ ONNX for ``profile`` in ``target_dir/model_int8.onnx``; what was made and
-    measured (artifacts, drift, fallback steps, latency...), named relative to ``out_dir``."""
+    measured (artifacts, drift, fallback steps, latency...), named relative to ``out_dir``.
+
+    A power-of-two target first scales the fp32 model's residual streams onto the grid
+    (``quant.pow2_grid``); everything after, the int8 ladder, SQNR and fallback, works on that
+    file, which computes what the exported one does."""
+    profile = job.profile
+    if not (profile.power_of_two_scales and profile.stream_factors):
+        return _build(job, GridSearch(()))
+    with tempfile.TemporaryDirectory() as scratch:
+        scaled = Path(scratch) / "fp32_streams_scaled.onnx"
+        job.stage("power-of-two grid", 0.05, "residual stream factors")
+        first = profile.int8_recipes[0]
+
+        def quantize(fp32: Path, out: Path) -> Path:
+            return quantize_onnx(fp32, out, first, job.calibration)
+
+        grid = align_streams(job.fp32_path, scaled, quantize, job.calibration, job.deadline)
+        return _build(replace(job, fp32_path=scaled) if grid.scaled else job, grid)
+
+
+def _build(job: TargetJob, grid: GridSearch) -> schema.TargetResult:
     profile, bars, stage = job.profile, job.bars, job.stage
     target_dir, out_dir, evaluation = job.target_dir, job.out_dir, job.evaluation
     artifact = target_dir / "model_int8.onnx"
@@ -171,6 +192,7 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
         host_drift=None if host is None else record(host, [], "onnxruntime"),
         warnings=recipe_warnings(trials, kept)
         + ([] if host is None else kernel_warnings(drift, host))
+        + ([grid.note] if grid.note else [])
         + stopped,
         latency=[
             latency_record(onnx_latency(artifact, sample, t, job.latency_runs), "onnxruntime", name)
@@ -180,6 +202,16 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
         fallback_op_sources=fallback_sources(artifact, fallback_ops, sources),
         int16_tensors=list(int16),
         int8_recipe=profile.recipe,
+        stream_factors=[
+            schema.StreamFactor(
+                stream=found.stream.seed,
+                tensors=len(found.stream.tensors),
+                factor=found.factor,
+                logits_mse_at_one=found.error_at_one,
+                logits_mse=found.error,
+            )
+            for found in grid.factors
+        ],
         recipes_tried=[
             schema.RecipeTrial(
                 recipe=trial.profile.recipe,

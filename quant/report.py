@@ -150,6 +150,20 @@ class RecipeTrial(_Model):
     within_bar: bool
 
 
+class StreamFactor(_Model):
+    """A residual stream scaled before quantizing, so that power-of-two scales fit its ranges
+    (``quant.pow2_grid``): exact in fp32, the factor chosen by the int8 logits' error."""
+
+    stream: str = Field(description="the residual Add output the stream is named by")
+    tensors: int = Field(description="how many tensors of the fp32 graph it scales")
+    factor: float = Field(description="in [1, 2): the grid repeats after one octave")
+    logits_mse_at_one: float = Field(
+        description="the search's figure unscaled: mean squared int8 vs fp32 logits difference "
+        "on calibration samples, with the target's first recipe"
+    )
+    logits_mse: float = Field(description="the same figure at the chosen factor")
+
+
 class SymmetricOperand(_Model):
     """A group of int8 tensors that feed BATCH_MATMUL right operands, requantized by the op that
     computes them to zero point 0: LiteRT's XNNPACK delegate runs an int8 BATCH_MATMUL only
@@ -219,6 +233,11 @@ class TargetResult(_Model):
         description="a QDQ ONNX target's int8 recipes in the order tried, each while the one "
         "before it missed the drift bars, with its pure int8 drift; the shipped file's is the "
         "first within the bars, else the one with the highest agreement",
+    )
+    stream_factors: list[StreamFactor] = Field(
+        default=[],
+        description="a power-of-two target's residual streams, each scaled by the factor that "
+        "puts its ranges best on the power-of-two grid; empty where none was searched",
     )
     host_drift: Drift | None = Field(
         default=None,

@@ -82,6 +82,9 @@ class TargetProfile:
     # u8 x s8 products in int16 (VPMADDUBSW): 2 x 255 x 128 overflows it, 2 x 255 x 64 cannot.
     weight_bits: int
     power_of_two_scales: bool
+    # each residual stream scaled by the factor in [1, 2) that puts its ranges best on the
+    # power-of-two grid, chosen by the int8 logits' error (quant.pow2_grid)
+    stream_factors: bool
     # each int32 bias corrected by its output channel's mean int8 error on the calibration data
     # (quant.bias_correction)
     bias_correction: bool
@@ -136,6 +139,8 @@ class TargetProfile:
         ]
         if self.power_of_two_scales:
             parts.append("power-of-two scales")
+        if self.stream_factors:
+            parts.append("residual streams scaled onto the power-of-two grid")
         if self.bias_correction:
             parts.append("biases corrected on the calibration data")
         return ", ".join(parts)
@@ -160,6 +165,11 @@ class TargetProfile:
             )
         if self.power_of_two_scales:
             rules.append("every scale a power of two")
+        if self.stream_factors:
+            rules.append(
+                "each residual stream scaled (exactly, in fp32) by the factor in [1, 2) whose "
+                "power-of-two scales give the smallest int8 logits error on calibration data"
+            )
         if self.full_integer:
             rules.append("fully integer: no float op or tensor, int8 input and output")
         if self.gemm_linears:
@@ -250,6 +260,7 @@ PROFILES: dict[str, TargetProfile] = {
             weight_type="int8",
             weight_bits=7,
             power_of_two_scales=False,
+            stream_factors=False,
             bias_correction=False,
             full_integer=False,
             host_kernel_drift=True,
@@ -278,6 +289,7 @@ PROFILES: dict[str, TargetProfile] = {
             weight_type="int8",
             weight_bits=8,
             power_of_two_scales=False,
+            stream_factors=False,
             bias_correction=False,
             full_integer=True,
             host_kernel_drift=False,
@@ -304,6 +316,7 @@ PROFILES: dict[str, TargetProfile] = {
             weight_type="int8",
             weight_bits=8,
             power_of_two_scales=False,
+            stream_factors=False,
             bias_correction=False,
             full_integer=True,
             host_kernel_drift=False,
@@ -330,6 +343,7 @@ PROFILES: dict[str, TargetProfile] = {
             weight_type="int8",
             weight_bits=8,
             power_of_two_scales=True,
+            stream_factors=True,
             bias_correction=False,
             full_integer=False,
             host_kernel_drift=False,
