@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from . import report as schema
-from .targets import Bars, TargetProfile, get_profile
+from .targets import Bars, TargetProfile
 
 PREPARED_FILE = "prepared.json"
 PARTS_DIR = "targets"
@@ -53,7 +53,8 @@ class Prepared(_Record):
 
     out_dir: Path  # artifacts, report.json and report.md
     work_dir: Path  # this record, the samples, the parts; not published
-    targets: list[str]  # the profiles' names, in the order asked
+    # in the order asked, whole: a caller's own profile (a recipe changed) is built as given
+    profiles: list[TargetProfile]
     bars: Bars
     latency_runs: int
     model: schema.ModelInfo
@@ -72,8 +73,13 @@ class Prepared(_Record):
     def evaluation_dir(self) -> Path:
         return self.work_dir / "evaluation"
 
-    def profiles(self) -> tuple[TargetProfile, ...]:
-        return tuple(get_profile(name) for name in self.targets)
+    @property
+    def targets(self) -> list[str]:
+        """The targets' names, in the order asked."""
+        return [profile.name for profile in self.profiles]
+
+    def profile(self, name: str) -> TargetProfile:
+        return next(profile for profile in self.profiles if profile.name == name)
 
     def export_of(self, profile: TargetProfile) -> ExportedModel | str:
         """The fp32 file ``profile`` is built from, or why there is none."""

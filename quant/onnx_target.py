@@ -37,6 +37,7 @@ from .drift import Drift, kernel_gap, measure_drift, onnx_runner, tensor_sqnr
 from .latency import onnx_latency, thread_counts
 from .ort_int8 import quantize_onnx
 from .pow2_grid import GridSearch, align_streams
+from .pow2_record import recorded_choices
 from .records import (
     WORST_LAYERS,
     artifact_record,
@@ -202,6 +203,7 @@ def _build(job: TargetJob, grid: GridSearch) -> schema.TargetResult:
         fallback_op_sources=fallback_sources(artifact, fallback_ops, sources),
         int16_tensors=list(int16),
         int8_recipe=profile.recipe,
+        power_of_two_scales=recorded_choices(artifact),
         stream_factors=[
             schema.StreamFactor(
                 stream=found.stream.seed,

@@ -41,6 +41,7 @@ from .bias_correction import correct_biases
 from .data import Feeds, Samples, feed_for
 from .ort_graph import linear_as_gemm
 from .ort_rewrites import apply_ort_rewrites, ort_rewrites, shared_quantization
+from .pow2_record import scale_choices, scales_by_name, write_choices
 from .targets import TargetProfile
 
 CALIBRATION_BATCH = 32
@@ -113,7 +114,9 @@ def quantize_onnx(
                 scales = _activation_scales(
                     quantized, prepared, calibration.head(POWER_OF_TWO_SAMPLES), Path(scratch)
                 )
-                round_scales_to_power_of_two(quantized, scales)
+                minmax = scales_by_name(quantized)
+                chosen = round_scales_to_power_of_two(quantized, scales)
+                write_choices(quantized, scale_choices(quantized, minmax, chosen, set(scales)))
             batch = fixed or CALIBRATION_BATCH
             apply_ort_rewrites(quantized, profile, prepared, calibration, batch, fixed is not None)
             if profile.bias_correction:  # last: on the graph that ships, with its final scales
@@ -267,14 +270,15 @@ def _smaller_error(
 
 def round_scales_to_power_of_two(
     model: onnx.ModelProto, activation_scales: Mapping[str, np.ndarray] | None = None
-) -> None:
+) -> dict[str, np.ndarray]:
     """Every Quantize/DequantizeLinear scale -> a power of two, in place.
 
     Weights pick their power of two per channel on their own values and are re-quantized to it;
     an activation takes the power of two chosen on its calibration values, given in
     ``activation_scales`` (scale name -> power of two, from ``_activation_scales``), or rounds
     up when it has none (nothing clips); an int32 bias takes input scale x weight scale, the
-    scale integer kernels assume for it, and is re-quantized to that.
+    scale integer kernels assume for it, and is re-quantized to that. Returns every scale's
+    new value, by scale name.
     """
     activation_scales = activation_scales or {}
     initializers = {init.name: init for init in model.graph.initializer}
@@ -306,6 +310,7 @@ def round_scales_to_power_of_two(
         old = numpy_helper.to_array(initializers[name])
         new = np.asarray(scale, dtype=old.dtype).reshape(old.shape)
         initializers[name].CopyFrom(numpy_helper.from_array(new, name))
+    return chosen
 
 
 def _dtype_of(tensor: onnx.TensorProto) -> np.dtype:

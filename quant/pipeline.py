@@ -34,7 +34,7 @@ from .job_files import Prepared, TargetPart, host_notes, load_part, save_part
 from .prepare import prepare
 from .records import artifact_record
 from .summary import summary_markdown
-from .targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, Bars, TargetProfile, get_profile
+from .targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, Bars, TargetProfile
 
 # The conversion's progress: what comes before the targets' builds, and where they end.
 TARGETS_FROM, TARGETS_TO = 0.05, 0.95
@@ -111,7 +111,7 @@ def build_target(
     with its one-line reason. Each stage is reported with the fraction of this target's own
     build. A build run again (its first run was lost) starts from an empty directory."""
     say = progress or ignore_progress
-    profile = get_profile(name)
+    profile = prepared.profile(name)
     target_dir = prepared.out_dir / name
     shutil.rmtree(target_dir, ignore_errors=True)
     target_dir.mkdir(parents=True)
@@ -154,7 +154,7 @@ def assemble(
     say(ProgressEvent("report", 0.97))
     reports: dict[str, schema.TargetReport] = {}
     hosts: dict[str, schema.Host] = {}
-    for profile in prepared.profiles():
+    for profile in prepared.profiles:
         part = load_part(prepared, profile.name)
         if part is None:
             reason = (failures or {}).get(profile.name, UNFINISHED)

@@ -101,7 +101,7 @@ def prepare(
     prepared = Prepared(
         out_dir=out_dir,
         work_dir=work_dir,
-        targets=[profile.name for profile in profiles],
+        profiles=list(profiles),
         bars=bars,
         latency_runs=latency_runs,
         model=_model_info(folded, specs),

@@ -150,6 +150,29 @@ class RecipeTrial(_Model):
     within_bar: bool
 
 
+class PowerOfTwoScale(_Model):
+    """One tensor's power-of-two scale in a QDQ ONNX file whose target takes only those (TIDL):
+    which way its MinMax scale was rounded (``quant.pow2_record``)."""
+
+    tensor: str = Field(
+        description="the quantized tensor (an activation by its fp32 name, a weight by its int8 "
+        "initializer's); tensors sharing its scale (a Reshape, a Transpose) share its record"
+    )
+    kind: Literal["activation", "weight"]
+    channels_up: int = Field(
+        description="scales rounded up (no clipping, coarser steps): 1 or 0 for an activation, "
+        "per output channel for a weight"
+    )
+    channels_down: int = Field(description="scales rounded down (finer steps, the tail clipped)")
+    log2_scale: int | None = Field(
+        description="an activation's scale, as a power of two; None for a weight (per channel)"
+    )
+    chosen_by: Literal["own error", "range"] = Field(
+        description="own error: whichever rounding quantizes the tensor's own calibration values "
+        "with less squared error; range: rounded up (no calibration values reach it)"
+    )
+
+
 class StreamFactor(_Model):
     """A residual stream scaled before quantizing, so that power-of-two scales fit its ranges
     (``quant.pow2_grid``): exact in fp32, the factor chosen by the int8 logits' error."""
@@ -233,6 +256,10 @@ class TargetResult(_Model):
         description="a QDQ ONNX target's int8 recipes in the order tried, each while the one "
         "before it missed the drift bars, with its pure int8 drift; the shipped file's is the "
         "first within the bars, else the one with the highest agreement",
+    )
+    power_of_two_scales: list[PowerOfTwoScale] = Field(
+        default=[],
+        description="a power-of-two target's rounding of each tensor's scale, up or down",
     )
     stream_factors: list[StreamFactor] = Field(
         default=[],

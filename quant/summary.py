@@ -171,6 +171,27 @@ def matmul_operands_line(target: TargetReport) -> str | None:
     return "; ".join(parts) or None
 
 
+def power_of_two_line(target: TargetReport) -> str | None:
+    """A power-of-two target's scales in one line: which way they were rounded, and each
+    residual stream's factor (``quant.pow2_grid``)."""
+    scales = target.power_of_two_scales
+    if not scales:
+        return None
+    parts = []
+    for kind, unit in (("activation", "activations"), ("weight", "weight channels")):
+        of_kind = [scale for scale in scales if scale.kind == kind]
+        up = sum(scale.channels_up for scale in of_kind)
+        down = sum(scale.channels_down for scale in of_kind)
+        parts.append(f"{unit} {up} rounded up / {down} down")
+    for found in target.stream_factors:
+        parts.append(
+            f"residual stream `{found.stream}` ({found.tensors} tensors) x{found.factor:.3f} "
+            f"(calibration logits' MSE {found.logits_mse_at_one:.4g} at 1, "
+            f"{found.logits_mse:.4g} chosen)"
+        )
+    return "power-of-two scales: " + "; ".join(parts)
+
+
 def latency_title(report: Report) -> str:
     """Where the latency was measured: int8 speed differs by CPU (VNNI or not, Arm dot product)."""
     where = report.host.label() if report.host is not None else "this machine"
@@ -255,6 +276,8 @@ def summary_markdown(report: Report) -> str:
             lines.append(f"- ops off the accelerator: {'; '.join(fallback_op_lines(target))}")
         if operands := matmul_operands_line(target):
             lines.append(f"- {operands}")
+        if power_of_two := power_of_two_line(target):
+            lines.append(f"- {power_of_two}")
         if target.vela is not None:
             vela = target.vela
             lines.append(

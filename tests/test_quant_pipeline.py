@@ -110,6 +110,36 @@ def test_every_target_meets_the_drift_bar_or_says_by_how_much(report: Report) ->
     assert cpu.drift.agreement >= MIN_AGREEMENT_PCT / 100
 
 
+def test_only_tda4vm_moves_its_residual_stream_onto_the_power_of_two_grid(report: Report) -> None:
+    (found,) = report.targets["tda4vm"].stream_factors  # the ViT's one stream
+    assert 1.0 < found.factor < 2.0 and found.logits_mse < found.logits_mse_at_one
+    assert (
+        "residual streams scaled onto the power-of-two grid" in report.targets["tda4vm"].int8_recipe
+    )
+    assert all(not t.stream_factors for name, t in report.targets.items() if name != "tda4vm")
+
+
+def test_the_report_records_each_power_of_two_rounding_as_the_file_has_it(
+    converted, report: Report
+) -> None:
+    out, _ = converted
+    tda4vm = report.targets["tda4vm"]
+    model = onnx.load(str(out / "tda4vm" / "model_int8.onnx"))
+    values = {init.name: onnx.numpy_helper.to_array(init) for init in model.graph.initializer}
+    quantizers = {n.input[0]: n for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    activations = [s for s in tda4vm.power_of_two_scales if s.kind == "activation"]
+    assert activations and {s.tensor for s in activations} <= set(quantizers)
+    for scale in activations:
+        assert values[quantizers[scale.tensor].input[1]] == 2.0**scale.log2_scale
+        assert scale.channels_up + scale.channels_down == 1
+    dequantizers = {n.input[0]: n for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    for scale in (s for s in tda4vm.power_of_two_scales if s.kind == "weight"):
+        channels = values[dequantizers[scale.tensor].input[1]].size  # one scale a channel
+        assert scale.channels_up + scale.channels_down == channels
+    assert sum(s.channels_down for s in activations) > 0  # some ranges do clip their tail
+    assert all(not t.power_of_two_scales for n, t in report.targets.items() if n != "tda4vm")
+
+
 def test_imx_files_are_fully_integer_and_vela_places_every_int8_op_on_the_npu(
     converted, report: Report
 ) -> None:
