@@ -83,7 +83,8 @@ class TargetProfile:
     weight_bits: int
     power_of_two_scales: bool
     # each residual stream scaled by the factor in [1, 2) that puts its ranges best on the
-    # power-of-two grid, chosen by the int8 logits' error (quant.pow2_grid)
+    # power-of-two grid, chosen by the int8 logits' error when its gain is significant
+    # (quant.pow2_grid)
     stream_factors: bool
     # each int32 bias corrected by its output channel's mean int8 error on the calibration data
     # (quant.bias_correction)
@@ -168,7 +169,8 @@ class TargetProfile:
         if self.stream_factors:
             rules.append(
                 "each residual stream scaled (exactly, in fp32) by the factor in [1, 2) whose "
-                "power-of-two scales give the smallest int8 logits error on calibration data"
+                "power-of-two scales give a significantly smaller int8 logits error on the "
+                "calibration data (else 1)"
             )
         if self.full_integer:
             rules.append("fully integer: no float op or tensor, int8 input and output")

@@ -137,6 +137,9 @@ def test_the_report_records_each_power_of_two_rounding_as_the_file_has_it(
         channels = values[dequantizers[scale.tensor].input[1]].size  # one scale a channel
         assert scale.channels_up + scale.channels_down == channels
     assert sum(s.channels_down for s in activations) > 0  # some ranges do clip their tail
+    up = sum(s.channels_up for s in activations)
+    line = f"- power-of-two scales: activations {up} rounded up / {len(activations) - up} down"
+    assert line in (out / "report.md").read_text()
     assert all(not t.power_of_two_scales for n, t in report.targets.items() if n != "tda4vm")
 
 
