@@ -38,6 +38,9 @@ _PASSING = {
 _PRODUCTS = {"Mul", "Div", "MatMul"}
 # Linear layers with a constant weight (input 1); Gemm's and Conv's bias is input 2.
 _WEIGHTED = {"MatMul", "Gemm", "Conv"}
+# Readers of a tensor's shape only (the legacy exporter's shape arithmetic): a factor is nothing
+# to them.
+_SHAPE_READERS = {"Shape", "Size"}
 
 
 class NotScalable(Exception):
@@ -169,6 +172,8 @@ class _Graph:
 
     def _consumer(self, node, name, join, powers, outside) -> None:
         op = node.op_type
+        if op in _SHAPE_READERS:
+            return
         if op in _JOINING:
             for value in [*node.input, *node.output]:
                 join(value)

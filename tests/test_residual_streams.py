@@ -112,6 +112,13 @@ def test_a_stream_that_reaches_a_nonlinear_or_shared_use_is_not_scaled(
     assert find_streams(block_graph(nodes, outputs, head)) == [], why
 
 
+def test_a_shape_read_of_the_stream_does_not_stop_it() -> None:
+    """The legacy exporter reads shapes of stream tensors for its reshapes."""
+    shape = [helper.make_node("Shape", ["r"], ["r_shape"])]
+    (stream,) = find_streams(block_graph(shape, ("r_shape",)))
+    assert "r" in stream.tensors and "r_shape" not in stream.tensors
+
+
 def test_a_product_with_a_tensor_outside_the_stream_carries_it_through() -> None:
     """Masked mean pooling, as the text models do it: (mask @ r) / count, then the head."""
     pooled = [
