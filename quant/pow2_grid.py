@@ -10,8 +10,8 @@ recipe, run in exact arithmetic on calibration samples, its logits compared with
 ones (mean squared difference, the quantity the int8 file should keep small). The lowest
 error wins if its gain over c = 1 is significant, sample by sample (``significantly_lower``);
 else the stream stays as it was. Measured on the bundled HF UN ViT (held-out split, tda4vm):
-the logits' error 0.209 at c = 1 and 0.137 at the chosen c, near the 0.127 of the same file
-with unrounded scales (benchmarks/results/tda4vm_streams.md).
+the logits' error 0.209 at c = 1 and 0.137 at the chosen c (benchmarks/results/tda4vm_streams.md),
+near the 0.127 of the same file with unrounded scales (measured once, not a benchmark).
 
 Streams are searched one after another (each with the factors already chosen for the ones
 before). A model over ``MAX_SEARCH_WEIGHTS`` is not searched (each candidate is a whole
@@ -129,8 +129,8 @@ def _search(streams: list[ResidualStream], error: _LogitsError, deadline: Deadli
 def significantly_lower(errors: np.ndarray, baseline: np.ndarray) -> bool:
     """Whether per-sample ``errors`` are lower than ``baseline``'s on the same samples by more
     than ``SIGNIFICANCE`` standard errors of their paired difference: a smaller gain is within
-    what another draw of samples would undo (on a text model a factor 8 % lower in the search
-    lost 1.1 pt of agreement on the test split, benchmarks/results/tda4vm_streams.md)."""
+    what another draw of samples would undo (measured once while building it: without this rule
+    text-rt-ln-to-un took a factor 8 % lower in the search and lost 1.1 pt of test agreement)."""
     gain = baseline - errors
     if len(gain) < 2 or not gain.any():
         return False
