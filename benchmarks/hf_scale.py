@@ -1,6 +1,6 @@
 """Converting the Hugging Face models people deploy: BERT-base and ViT-B/16 sizes, every target.
 
-    .venv/bin/python -m benchmarks.hf_scale                # ~1 h on 2 cores
+    .venv/bin/python -m benchmarks.hf_scale                # ~40 min on 2 cores
     .venv/bin/python -m benchmarks.hf_scale --report-only  # Markdown and plot from the JSON
 
 Random weights (timing and memory only; accuracy needs trained models): a
@@ -12,7 +12,9 @@ with UN in place of LayerNorm (``edge_un.swap_layernorm``), exported as users do
 with the HTTP service's default job limits: address space ``EDGE_UN_JOB_MEMORY_MB`` and wall
 time ``EDGE_UN_JOB_TIMEOUT_S`` (``service.settings``). Each conversion runs in
 ``benchmarks.latency_stages`` (a process of its own): stage wall times from the progress
-callback, peak RSS of the process tree sampled every 0.2 s.
+callback, peak RSS of the process tree sampled every 0.2 s. Each model is converted twice: its
+targets built one at a time (the stage table), then ``PARALLEL`` at once (``edge-un convert
+--parallel``; the same files, each target's span instead of stages).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ CALIBRATION, EVALUATION = 64, 100  # the pipeline's minimum for evaluation is 10
 # evaluation). Bars off, so each target is built and measured once, as a model that passes is.
 NO_BARS = ["--max-drift", "100", "--min-agreement", "0"]
 SEQUENCE = 128
+PARALLEL = 2  # targets at once in the second conversion: one per core here
 
 
 def bert_base() -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
@@ -95,9 +98,11 @@ def prepare(name: str, work: Path) -> tuple[Path, Path, Path, int]:
     return onnx_path, calib, evaluation, parameters
 
 
-def convert(onnx_path: Path, calib: Path, evaluation: Path, work: Path, settings: Settings) -> dict:
-    """One conversion, all targets, under the service's job limits."""
-    result = work / f"{onnx_path.stem}-stages.json"
+def convert(
+    onnx_path: Path, calib: Path, evaluation: Path, work: Path, settings: Settings, parallel: int
+) -> dict:
+    """One conversion, all targets, ``parallel`` at once, under the service's job limits."""
+    result = work / f"{onnx_path.stem}-{parallel}-stages.json"
     limit = settings.job_memory_mb * 1024 * 1024
 
     def limits() -> None:
@@ -106,8 +111,9 @@ def convert(onnx_path: Path, calib: Path, evaluation: Path, work: Path, settings
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            [*STAGES, str(onnx_path), str(work / f"{onnx_path.stem}-out"), str(result),
-             "--calib", str(calib), "--eval", str(evaluation), *NO_BARS],
+            [*STAGES, str(onnx_path), str(work / f"{onnx_path.stem}-{parallel}-out"), str(result),
+             "--calib", str(calib), "--eval", str(evaluation), *NO_BARS,
+             "--parallel", str(parallel)],
             preexec_fn=limits, capture_output=True, text=True, timeout=settings.job_timeout_s,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
@@ -135,13 +141,18 @@ def run() -> dict[str, Any]:
         for name in [m for m in MODELS if m in ONLY] if ONLY else MODELS:
             print(f"{name}: export", flush=True)
             onnx_path, calib, evaluation, parameters = prepare(name, work)
-            print(f"{name}: convert ({parameters:,} parameters)", flush=True)
-            entry = convert(onnx_path, calib, evaluation, work, settings)
-            entry["parameters"] = parameters
             files = [onnx_path, onnx_path.with_name(onnx_path.name + ".data")]
-            entry["onnx_mb"] = sum(f.stat().st_size for f in files if f.exists()) / 2**20
+            entry: dict[str, Any] = {
+                "parameters": parameters,
+                "onnx_mb": sum(f.stat().st_size for f in files if f.exists()) / 2**20,
+                "runs": {},
+            }
+            for parallel in (1, PARALLEL):
+                print(f"{name}: convert, {parallel} target(s) at once", flush=True)
+                run = convert(onnx_path, calib, evaluation, work, settings, parallel)
+                entry["runs"][str(parallel)] = run
+                print(f"{name}: {run.get('wall_s', 0):.0f} s, {run.get('error', 'ok')}", flush=True)
             results["models"][name] = entry
-            print(f"{name}: {entry.get('wall_s', 0):.0f} s, {entry.get('error', 'ok')}", flush=True)
     return results
 
 
@@ -158,48 +169,60 @@ def markdown(results: dict[str, Any]) -> str:
         f"{EVALUATION} evaluation samples; drift bars off (random weights have no accuracy to "
         "keep: each target is built and measured once, with no 16-bit fallback; one fallback "
         "step costs about what a target's quantize stage costs); under the service's default "
-        f"job limits (address space {limits['job_memory_mb']} MB, {limits['job_timeout_s']} s).",
+        f"job limits (address space {limits['job_memory_mb']} MB, {limits['job_timeout_s']} s). "
+        "Each model converted with its targets built one at a time, then "
+        f"{PARALLEL} at once (`edge-un convert --parallel {PARALLEL}`), one run after the other.",
         "",
-        "| model | parameters | ONNX MB | all targets, wall | peak RSS, process tree "
-        "| status per target |",
-        "|---|---|---|---|---|---|",
+        "| model | parameters | ONNX MB | targets at once | all targets, wall "
+        "| peak RSS: process tree | largest one process | pipeline's own | status per target |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in results["models"].items():
-        if "error" in entry:
-            lines.append(f"| {name} | {entry['parameters']:,} | {entry['onnx_mb']:.0f} | - | - | "
-                         f"failed: {entry['error']} |")  # fmt: skip
-            continue
-        statuses = ", ".join(
-            f"{t}: {v['status']}" + (f" ({v['error']})" if v["error"] else "")
-            for t, v in entry["targets"].items()
-        )
-        lines.append(
-            f"| {name} | {entry['parameters']:,} | {entry['onnx_mb']:.0f} | "
-            f"{entry['wall_s'] / 60:.1f} min | {entry['peak_tree_rss_mb']:.0f} MB | {statuses} |"
-        )
-    lines += ["", "## Stage times (s)", ""]
+        for parallel, run in entry["runs"].items():
+            head = f"| {name} | {entry['parameters']:,} | {entry['onnx_mb']:.0f} | {parallel} |"
+            if "error" in run:
+                lines.append(f"{head} - | - | - | - | failed: {run['error']} |")
+                continue
+            statuses = ", ".join(
+                f"{t}: {v['status']}" + (f" ({v['error']})" if v["error"] else "")
+                for t, v in run["targets"].items()
+            )
+            lines.append(
+                f"{head} {run['wall_s'] / 60:.1f} min | {run['peak_tree_rss_mb']:.0f} MB | "
+                f"{run['peak_child_rss_mb']:.0f} MB | {run['peak_rss_mb']:.0f} MB | {statuses} |"
+            )
+    lines += ["", "## Stage times, one target at a time (s)", ""]
     for name, entry in results["models"].items():
-        if "stages" not in entry:
+        run = entry["runs"].get("1", {})
+        if "stages" not in run:
             continue
         lines += [f"### {name}", "", "| stage | s |", "|---|---|"]
-        lines += [f"| {s['stage']} | {s['seconds']:.1f} |" for s in entry["stages"]]
+        lines += [f"| {s['stage']} | {s['seconds']:.1f} |" for s in run["stages"]]
         lines.append("")
+    lines += [f"## Each target's span, {PARALLEL} at once (s from the start)", ""]
+    for name, entry in results["models"].items():
+        spans = entry["runs"].get(str(PARALLEL), {}).get("target_spans_s", {})
+        if spans:
+            lines += [f"### {name}", "", "| target | first event | last event |", "|---|---|---|"]
+            lines += [f"| {t} | {a:.0f} | {b:.0f} |" for t, (a, b) in spans.items()]
+            lines.append("")
     return "\n".join(lines) + "\n"
 
 
 def plot(results: dict[str, Any]) -> None:
-    models = [n for n, e in results["models"].items() if "stages" in e]
+    models = [n for n, e in results["models"].items() if "target_spans_s" in e["runs"].get("1", {})]
     if not models:
         return
-    figure, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5))
-    for axis, name in zip(np.atleast_1d(axes), models, strict=True):
-        targets: dict[str, float] = {}
-        for stage in results["models"][name]["stages"]:
-            target = stage["stage"].split(":")[0] if ":" in stage["stage"] else "load, fold, report"
-            targets[target] = targets.get(target, 0.0) + stage["seconds"]
-        axis.barh(list(targets), list(targets.values()))
-        axis.set_xlabel("seconds")
-        axis.set_title(f"{name}: wall time per target")
+    figure, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 4), squeeze=False)
+    for axis, name in zip(axes[0], models, strict=True):
+        runs = results["models"][name]["runs"]
+        for row, run in enumerate(runs.values()):
+            for target, (first, last) in run.get("target_spans_s", {}).items():
+                axis.barh(row, last - first, left=first, height=0.6, edgecolor="white")
+                axis.text(first + 2, row, target, va="center", fontsize=8)
+        axis.set_yticks(range(len(runs)), [f"{p} at once" for p in runs])
+        axis.set_xlabel("seconds from the start (load, fold and exports before the first bar)")
+        axis.set_title(f"{name}: each target's build")
     save_figure(figure, NAME)
 
 

@@ -1,7 +1,7 @@
 """One ``quant.pipeline.convert`` run, timed stage by stage, in a process of its own.
 
     python -m benchmarks.latency_stages MODEL OUT_DIR RESULT.json [--calib F --eval F
-        --max-drift X --min-agreement Y --targets T]
+        --max-drift X --min-agreement Y --targets T --parallel N]
 
 Stage wall times are the time between successive ``progress(event)`` calls (a stage lasts until
 the next one starts), each stage named by its event's ``label`` (``cpu: quantize (ONNX
@@ -57,6 +57,7 @@ def main() -> None:
     # default: the pipeline's own bars (quant.targets.DEFAULT_BARS)
     parser.add_argument("--max-drift", type=float)
     parser.add_argument("--min-agreement", type=float)
+    parser.add_argument("--parallel", type=int, default=1, help="targets built at once")
     args = parser.parse_args()
 
     peak = {"tree": 0, "child": 0}
@@ -72,9 +73,13 @@ def main() -> None:
     sampler.start()
     start = time.perf_counter()
     events: list[tuple[str, float]] = []
+    spans: dict[str, list[float]] = {}  # each target's first and last event
 
     def progress(event: ProgressEvent) -> None:
-        events.append((event.label, time.perf_counter() - start))
+        now = time.perf_counter() - start
+        events.append((event.label, now))
+        if event.target:
+            spans.setdefault(event.target, [now, now])[1] = now
 
     from quant.pipeline import convert  # imported inside the timed process, not before
     from quant.targets import parse_targets
@@ -88,18 +93,23 @@ def main() -> None:
         eval=args.eval,
         out_dir=args.out_dir,
         progress=progress,
+        parallel=args.parallel,
         **{name: value for name, value in bars.items() if value is not None},
     )
     total = time.perf_counter() - start
     done.set()
     sampler.join()
+    # A stage lasts until the next event: true of targets built one at a time only (at once,
+    # their events interleave; each target's span is kept instead).
     stages = [
         {"stage": name, "start_s": round(t, 3), "seconds": round(nxt - t, 3)}
         for (name, t), (_, nxt) in zip(events, [*events[1:], ("end", total)], strict=True)
     ]
     result = {
         "total_s": round(total, 2),
-        "stages": stages,
+        "parallel": args.parallel,
+        **({"stages": stages} if args.parallel == 1 else {}),
+        "target_spans_s": {name: [round(a, 1), round(b, 1)] for name, (a, b) in spans.items()},
         "peak_rss_mb": round(_hwm_mb(), 1),
         "peak_child_rss_mb": round(peak["child"] / 2**20, 1),
         "peak_tree_rss_mb": round(peak["tree"] / 2**20, 1),

@@ -48,9 +48,12 @@ def main() -> int:
     )
     module = tf.Module()
     module.serve = serve  # tracked, so the saved_model holds the function's constants
-    # and the model's variables (onnx2tf gives a LayerNormalization Keras variables for its
-    # gamma and beta): untracked, saving a LayerNorm model fails ("an 'untracked' resource")
-    module.model = model
+    # The model's variables are tracked too (onnx2tf gives a LayerNormalization Keras variables
+    # for its gamma and beta): untracked, saving a LayerNorm model fails ("an 'untracked'
+    # resource"). The variables, not the Keras model: a tracked Keras model brings its Keras
+    # metadata back (every layer's config as JSON, weights included), the path this script
+    # exists to avoid; on BERT-base that was 7.6 min and 21 GB resident instead of 81 s and 4 GB.
+    module.model_variables = list(model.variables)
     tf.saved_model.save(
         module, args.saved_model, signatures={SIGNATURE: serve.get_concrete_function()}
     )

@@ -1,17 +1,20 @@
-"""The TFLite files of onnx2tf's saved_model: int8, 16x8 and float32. Runs INSIDE the tool env.
+"""One TFLite file of onnx2tf's saved_model: int8, 16x8 or float32. Runs INSIDE the tool env.
 
-Invoked by path with the tool environment's python (``quant.tflite`` does it), never imported by
-the main venv: it imports only the standard library, numpy and TensorFlow. Why not let onnx2tf
-quantize (``-oiqt``): it writes five quantized variants from one calibration set (we need two),
-and it casts every calibration input to float32, so a model with an int64 input (text token ids)
-cannot be fully integer-quantized at all. Here the representative data keeps the input's dtype.
+Invoked by path with the tool environment's python (``quant.tflite`` does it, once per file),
+never imported by the main venv: it imports only the standard library, numpy and TensorFlow. Why
+not let onnx2tf quantize (``-oiqt``): it writes five quantized variants from one calibration set
+(we need two), and it casts every calibration input to float32, so a model with an int64 input
+(text token ids) cannot be fully integer-quantized at all. Here the representative data keeps
+the input's dtype. Why one process per file: TensorFlow keeps what a conversion allocated, so
+BERT-base's int8 conversion after its float32 one in the same process peaked at 7.8 GB resident;
+each in a process of its own, 5.6 GB and 6.4 GB (the files are byte-identical).
 
 The converter settings are onnx2tf's own (``from_saved_model``, per-channel weights,
 ``unfold_batchmatmul=False`` so attention stays BATCH_MATMUL), minus ``SELECT_TF_OPS``: a
 TensorFlow "Flex" op would run neither in LiteRT nor on an NPU, so an op with no integer kernel
 fails the conversion here instead of slipping through.
 
-    python _tf_convert.py SAVED_MODEL CALIB.npz --float32 OUT --int8 OUT --int16x8 OUT
+    python _tf_convert.py SAVED_MODEL CALIB.npz {float32,int8,int16x8} OUT
 
 The float32 file (LiteRT's fp32 reference for drift and latency) takes the same route without
 quantization; it is what onnx2tf's own ``*_float32.tflite`` holds, minus the Flex-op escape hatch.
@@ -20,9 +23,9 @@ CALIB.npz holds the calibration samples, one array per model input named as the 
 it (onnx2tf keeps those names as the signature's keys), float32 or int64, one sample per row (the
 model has batch 1), in the ONNX model's layout (NCHW) or already channels-last as the saved_model
 takes.
-Exit code 0 when the float32 and int8 files were written; on failure the last stderr line says
-why. A failed 16x8 conversion (TensorFlow has no 16x8 path for some graphs), or one not tried
-(a model with an integer input: token ids), is a "warning: ..." line on stdout, and no 16x8 file.
+Exit code 0 when the file was written; on failure the last stderr line says why. A failed 16x8
+conversion (TensorFlow has no 16x8 path for some graphs) is a "warning: ..." line on stdout,
+exit code 0 and no file: 16x8 is the fallback, not the product.
 """
 
 from __future__ import annotations
@@ -128,9 +131,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("saved_model")
     parser.add_argument("calib")
-    parser.add_argument("--float32", required=True, help="output path of the float32 file")
-    parser.add_argument("--int8", required=True, help="output path of the full-int8 file")
-    parser.add_argument("--int16x8", required=True, help="output path of the 16x8 file")
+    parser.add_argument("mode", choices=("float32", "int8", "int16x8"))
+    parser.add_argument("out", help="path of the TFLite file to write")
     args = parser.parse_args()
 
     with np.load(args.calib, allow_pickle=False) as archive:
@@ -143,34 +145,21 @@ def main() -> int:
     dtypes = {key: dtype for key, (dtype, _) in signature.items()}
     for key, (dtype, shape) in signature.items():
         print(f"input {key!r} {dtype.name} {shape}; {len(calib[key])} samples", flush=True)
-    # TensorFlow's 16x8 calibration wants a range for every input and records none for an
-    # integer one (token ids, a mask): it fails after a whole calibration pass ("Empty min/max
-    # for tensor serving_default_attention_mask", 98 s of BERT-base's conversion), so such a
-    # model is not tried.
-    integer = [key for key, dtype in dtypes.items() if dtype.is_integer]
-    for mode, out in (("float32", args.float32), ("int8", args.int8), ("int16x8", args.int16x8)):
-        if mode == "int16x8" and integer:
-            print(
-                "warning: int16x8 conversion skipped: TensorFlow has no 16x8 path for integer "
-                f"input(s) {', '.join(integer)}",
-                flush=True,
-            )
-            continue
-        try:
-            model = _convert(args.saved_model, calib, dtypes, mode)
-        except Exception as exc:  # the converter raises many types; report one line
-            message = (
-                f"{mode} conversion failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
-            )
-            if mode != "int16x8":
-                print(f"error: {message[:400]}", file=sys.stderr)
-                return 1
-            # 16x8 is the fallback file, not the product: the int8 file still ships.
-            print(f"warning: {message[:400]}", flush=True)
-            continue
-        with open(out, "wb") as f:
-            f.write(model)
-        print(f"wrote {mode}: {out} ({len(model)} bytes)", flush=True)
+    try:
+        model = _convert(args.saved_model, calib, dtypes, args.mode)
+    except Exception as exc:  # the converter raises many types; report one line
+        message = (
+            f"{args.mode} conversion failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
+        )
+        if args.mode != "int16x8":
+            print(f"error: {message[:400]}", file=sys.stderr)
+            return 1
+        # 16x8 is the fallback file, not the product: the int8 file still ships.
+        print(f"warning: {message[:400]}", flush=True)
+        return 0
+    with open(args.out, "wb") as f:
+        f.write(model)
+    print(f"wrote {args.mode}: {args.out} ({len(model)} bytes)", flush=True)
     return 0
 
 

@@ -373,7 +373,8 @@ def latency_tflite(
     path: str | Path, sample: Inputs, threads: int, warmup: int = 10, runs: int = 100
 ) -> Timing:
     """Batch-1 latency with XNNPACK on the first row of ``sample``: ``warmup`` untimed runs,
-    then ``runs`` timed ones (set inputs, invoke, read output); p50/p90/p99 in ms."""
+    then up to ``runs`` timed ones (set inputs, invoke, read output; ``quant.latency.time_calls``
+    says when fewer run); p50/p90/p99 in ms."""
     run = sample_runner(path, _head(as_feeds(sample), 1), threads)
     return time_calls(lambda: run(0), threads, runs, warmup)
 

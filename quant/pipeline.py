@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,8 @@ from converters.source import ModelSource
 from . import report as schema
 from .errors import one_line
 from .host import describe_host
-from .isolation import BuildOrder, build_in_child, builder_for
-from .job_files import Prepared, TargetPart, host_notes, load_part, save_part
+from .isolation import TFLITE_BUILDER, BuildOrder, build_in_child, builder_for
+from .job_files import Prepared, TargetPart, export_key, host_notes, load_part, save_part
 from .prepare import prepare
 from .records import artifact_record
 from .summary import summary_markdown
@@ -57,6 +59,7 @@ def convert(
     latency_runs: int = 100,
     recalibrate_batches: int = 0,
     deadline: float | None = None,
+    parallel: int = 1,
 ) -> schema.Report:
     """Convert ``model`` for ``targets`` (profiles or their names, ``["cpu", "imx93"]`` or
     ``"cpu,imx93"``; default: every profile) into ``out_dir``. A path is
@@ -71,6 +74,8 @@ def convert(
     :func:`edge_un.recalibrate`, then folds; the report's ``recalibration`` says how it went.
     ``deadline`` (``time.time()``; None: none) is when every target's build must be done: a
     search for a file within the bars that cannot finish by then ships its best file so far.
+    ``parallel``: how many targets build at once, each in its process (their memory adds up);
+    the report is the same either way.
     """
     say = progress or ignore_progress
     with tempfile.TemporaryDirectory(prefix="edge-un-work-") as work:
@@ -79,9 +84,12 @@ def convert(
             Bars(max_drift, min_agreement), say, config=config, allow_online=allow_online,
             latency_runs=latency_runs, recalibrate_batches=recalibrate_batches,
         )  # fmt: skip
-        count = len(prepared.targets)
-        for index, name in enumerate(prepared.targets):
-            build_target(prepared, name, _in_sequence(say, index, count), deadline)
+        if parallel > 1:
+            _build_at_once(prepared, say, deadline, parallel)
+        else:
+            count = len(prepared.targets)
+            for index, name in enumerate(prepared.targets):
+                build_target(prepared, name, _in_sequence(say, index, count), deadline)
         return assemble(prepared, progress=say)
 
 
@@ -101,6 +109,47 @@ def _in_sequence(say: Progress, index: int, count: int) -> Progress:
         say(ProgressEvent(event.stage, job_fraction(done), event.target, event.detail))
 
     return target_event
+
+
+def _build_at_once(prepared: Prepared, say: Progress, deadline: float | None, workers: int) -> None:
+    """Build the targets ``workers`` at a time (threads that each wait on a build's process),
+    the conversion's progress the sum of theirs. A TFLite target that takes an earlier one's
+    conversion of the same file (``quant.tflite_target``) would only wait for it, so such
+    targets start last."""
+    fractions = dict.fromkeys(prepared.targets, 0.0)
+    lock = threading.Lock()  # one event at a time reaches the caller's callback
+
+    def progress_of(name: str) -> Progress:
+        def target_event(event: ProgressEvent) -> None:
+            with lock:
+                fractions[name] = event.fraction
+                done = job_fraction(list(fractions.values()))
+                say(ProgressEvent(event.stage, done, event.target, event.detail))
+
+        return target_event
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="build") as pool:
+        builds = [
+            pool.submit(build_target, prepared, name, progress_of(name), deadline)
+            for name in _build_order(prepared)
+        ]
+        for build in builds:
+            build.result()
+
+
+def _build_order(prepared: Prepared) -> list[str]:
+    """The targets, those that reuse an earlier TFLite target's conversion last."""
+    leaders: list[str] = []
+    followers: list[str] = []
+    converted: set[tuple[str, str]] = set()
+    for name in prepared.targets:
+        profile = prepared.profile(name)
+        builder = builder_for(profile)
+        key = (builder, export_key(profile.opset, profile.static_batch))
+        reuses = builder == TFLITE_BUILDER and key in converted
+        (followers if reuses else leaders).append(name)
+        converted.add(key)
+    return leaders + followers
 
 
 def build_target(

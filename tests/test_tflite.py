@@ -103,6 +103,12 @@ def test_rgb_model_converts_to_full_int8(rgb) -> None:
         "model_float32.tflite",
         "model_int8.tflite",
     ]
+    # each file from a TensorFlow process of its own (one conversion's memory never adds to the
+    # next's), each with its log; the artifacts name the int8 one
+    for mode in ("float32", "int8", "int16x8"):
+        log = artifacts.int8.parent / f"tf_convert_{mode}.log"
+        assert "# exit code 0" in log.read_text() and f"wrote {mode}: " in log.read_text()
+    assert artifacts.quantize_log.name == "tf_convert_int8.log"
     # the int8 file computes what the fp32 ONNX model computes (random weights and inputs give
     # tiny logits, so the int8 output step is coarse: measured 0.93, a loose bound)
     reference = _onnx_outputs(onnx_path, calib[:16])

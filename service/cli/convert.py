@@ -147,6 +147,14 @@ def convert(
             "calibration data (--calib, else the checkpoint's train split); checkpoints only.",
         ),
     ] = 0,
+    parallel: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            min=1,
+            help="Build N targets at once, each in a process of its own (their memory adds up).",
+        ),
+    ] = 1,
 ) -> int:
     """Fold the norms, quantize to int8 for each edge target, measure drift and latency.
 
@@ -175,6 +183,7 @@ def convert(
                 config=config,
                 allow_online=allow_online,
                 recalibrate_batches=recalibrate,
+                parallel=parallel,
             )
         except PermissionError as error:  # the check above passed, the directory said no
             where = Path(os.path.abspath(error.filename)) if error.filename else None
