@@ -6,8 +6,9 @@ directories (the service's Celery workers): :func:`~quant.prepare.prepare` (one 
 fold, then one ONNX export per distinct opset/batch the targets need, on the fp32 conversion of
 :mod:`converters.pipeline`), :func:`build_target` for each target (in a child process of its
 own, ``quant.isolation``), and :func:`assemble`, which writes ``report.json`` and ``report.md``
-beside the artifacts in ``out_dir``. ``convert`` is exactly these steps in a row, so a report
-and its artifacts are the same however the steps were spread. Progress comes as
+beside the artifacts in ``out_dir``. ``convert`` is exactly these steps (its targets' builds one
+after another, or ``parallel`` at once), so a report and its artifacts are the same however the
+steps were spread. Progress comes as
 :class:`~converters.ProgressEvent` values, each stage of a target's build tagged with the
 target; the conversion's own fraction is the sum of its targets' (:func:`job_fraction`).
 A target that fails (a converter crash, a rule its file breaks) is reported as failed with its

@@ -231,6 +231,40 @@ def test_the_report_names_its_host_and_each_targets_arithmetic(converted, report
     assert "cpu on this host's ONNX Runtime int8 kernels: agreement" in result.stdout
 
 
+def test_targets_built_two_at_once_make_the_same_files_and_figures(
+    report: Report, tmp_path: Path
+) -> None:
+    """``edge-un convert --parallel 2``: every artifact (sha256), drift figure and int16 tensor
+    as the targets built one at a time made them; two builds ran at once; imx8mp, which takes
+    imx93's TFLite conversion, started when a build ended; the progress never went back."""
+    from converters.progress import ProgressEvent
+    from quant.pipeline import convert
+
+    events: list[ProgressEvent] = []
+    names = ["cpu", "imx93", "imx8mp"]
+    at_once = convert(
+        examples.path("vit-mnist-un"), targets=parse_targets(",".join(names)),
+        out_dir=tmp_path / "out", max_drift=MAX_DRIFT, min_agreement=MIN_AGREEMENT_PCT / 100,
+        progress=events.append, parallel=2,
+    )  # fmt: skip
+    for name in names:
+        alone, parallel = report.targets[name], at_once.targets[name]
+        assert {a.name: a.sha256 for a in parallel.artifacts} == {
+            a.name: a.sha256 for a in alone.artifacts
+        }
+        assert parallel.drift == alone.drift and parallel.int16_tensors == alone.int16_tensors
+    fractions = [event.fraction for event in events]
+    assert fractions == sorted(fractions)
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for index, event in enumerate(events):
+        if event.target:
+            first.setdefault(event.target, index)
+            last[event.target] = index
+    assert max(first["cpu"], first["imx93"]) < min(last["cpu"], last["imx93"])  # at once
+    assert first["imx8mp"] > min(last["cpu"], last["imx93"])
+
+
 def test_the_default_model_is_the_migrated_vit_and_pure_int8_meets_the_bar(tmp_path: Path) -> None:
     # README's main job, with its relative output directory (Vela reports absolute paths)
     result = subprocess.run(
