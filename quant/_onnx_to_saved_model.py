@@ -6,9 +6,9 @@ and a float16 TFLite file through TensorFlow's Keras converter path, which first
 Keras config of every layer to JSON; onnx2tf hands each weight to its layer as a constant
 argument, so that config holds every weight as a JSON list of floats. On a BERT-base-sized model
 (110 M parameters, 2 cores) the float32 file alone took over 14 min at 9 GB resident, and the
-float16 file, which we never use, would have taken as long again. Saving the model's function as
-a saved_model (no Keras metadata) and converting that (``_tf_convert.py``) takes 100 s at 5.6 GB
-for the same model.
+float16 file, which we never use, would have taken as long again. Here the model's function is
+saved as a saved_model with no Keras metadata (81 s at 4.2 GB for the same model), which
+``_tf_convert.py`` then converts (float32 26 s, int8 72 s).
 
     python _onnx_to_saved_model.py MODEL.onnx SAVED_MODEL_DIR
 

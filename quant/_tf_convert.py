@@ -5,9 +5,9 @@ never imported by the main venv: it imports only the standard library, numpy and
 not let onnx2tf quantize (``-oiqt``): it writes five quantized variants from one calibration set
 (we need two), and it casts every calibration input to float32, so a model with an int64 input
 (text token ids) cannot be fully integer-quantized at all. Here the representative data keeps
-the input's dtype. Why one process per file: TensorFlow keeps what a conversion allocated, so
-BERT-base's int8 conversion after its float32 one in the same process peaked at 7.8 GB resident;
-each in a process of its own, 5.6 GB and 6.4 GB (the files are byte-identical).
+the input's dtype. Why one process per file: BERT-base's float32 and int8 conversions in one
+process peaked at 7.8 GB resident, each in a process of its own at 5.6 GB and 6.4 GB (the files
+are byte-identical): memory a conversion left behind counted against the next one.
 
 The converter settings are onnx2tf's own (``from_saved_model``, per-channel weights,
 ``unfold_batchmatmul=False`` so attention stays BATCH_MATMUL), minus ``SELECT_TF_OPS``: a
