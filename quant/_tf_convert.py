@@ -1,20 +1,22 @@
-"""One TFLite file of onnx2tf's saved_model: int8, 16x8 or float32. Runs INSIDE the tool env.
+"""TFLite files of onnx2tf's saved_model: int8, 16x8, float32. Runs INSIDE the tool env.
 
-Invoked by path with the tool environment's python (``quant.tflite`` does it, once per file),
+Invoked by path with the tool environment's python (``quant.tflite`` does it),
 never imported by the main venv: it imports only the standard library, numpy and TensorFlow. Why
 not let onnx2tf quantize (``-oiqt``): it writes five quantized variants from one calibration set
 (we need two), and it casts every calibration input to float32, so a model with an int64 input
 (text token ids) cannot be fully integer-quantized at all. Here the representative data keeps
-the input's dtype. Why one process per file: BERT-base's float32 and int8 conversions in one
-process peaked at 7.8 GB resident, each in a process of its own at 5.6 GB and 6.4 GB (the files
-are byte-identical): memory a conversion left behind counted against the next one.
+the input's dtype. ``quant.tflite`` asks for the files one process each for a large model
+(BERT-base's float32 and int8 conversions in one process peaked at 7.8 GB resident, each in a
+process of its own at 5.6 GB and 6.4 GB, the files byte-identical: memory a conversion left
+behind counted against the next one), all in one process for a small one (each process loads
+TensorFlow and the saved_model again).
 
 The converter settings are onnx2tf's own (``from_saved_model``, per-channel weights,
 ``unfold_batchmatmul=False`` so attention stays BATCH_MATMUL), minus ``SELECT_TF_OPS``: a
 TensorFlow "Flex" op would run neither in LiteRT nor on an NPU, so an op with no integer kernel
 fails the conversion here instead of slipping through.
 
-    python _tf_convert.py SAVED_MODEL CALIB.npz {float32,int8,int16x8} OUT
+    python _tf_convert.py SAVED_MODEL CALIB.npz MODE=OUT [MODE=OUT ...]   # float32, int8, int16x8
 
 The float32 file (LiteRT's fp32 reference for drift and latency) takes the same route without
 quantization; it is what onnx2tf's own ``*_float32.tflite`` holds, minus the Flex-op escape hatch.
@@ -23,9 +25,9 @@ CALIB.npz holds the calibration samples, one array per model input named as the 
 it (onnx2tf keeps those names as the signature's keys), float32 or int64, one sample per row (the
 model has batch 1), in the ONNX model's layout (NCHW) or already channels-last as the saved_model
 takes.
-Exit code 0 when the file was written; on failure the last stderr line says why. A failed 16x8
-conversion (TensorFlow has no 16x8 path for some graphs) is a "warning: ..." line on stdout,
-exit code 0 and no file: 16x8 is the fallback, not the product.
+Exit code 0 when the files were written, in the order given; on failure the last stderr line
+says why. A failed 16x8 conversion (TensorFlow has no 16x8 path for some graphs) is a
+"warning: ..." line on stdout and no file, not a failure: 16x8 is the fallback, not the product.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 SIGNATURE = "serving_default"
+MODES = ("float32", "int8", "int16x8")
 
 
 def _signature_inputs(saved_model: str) -> dict[str, tuple[tf.dtypes.DType, tuple]]:
@@ -131,9 +134,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("saved_model")
     parser.add_argument("calib")
-    parser.add_argument("mode", choices=("float32", "int8", "int16x8"))
-    parser.add_argument("out", help="path of the TFLite file to write")
+    parser.add_argument("files", nargs="+", metavar="MODE=OUT", help="e.g. int8=model_int8.tflite")
     args = parser.parse_args()
+    files = [tuple(item.split("=", 1)) for item in args.files]
+    if any(len(item) != 2 or item[0] not in MODES for item in files):
+        parser.error(f"each file is MODE=OUT with MODE one of {', '.join(MODES)}")
 
     with np.load(args.calib, allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
@@ -145,21 +150,22 @@ def main() -> int:
     dtypes = {key: dtype for key, (dtype, _) in signature.items()}
     for key, (dtype, shape) in signature.items():
         print(f"input {key!r} {dtype.name} {shape}; {len(calib[key])} samples", flush=True)
-    try:
-        model = _convert(args.saved_model, calib, dtypes, args.mode)
-    except Exception as exc:  # the converter raises many types; report one line
-        message = (
-            f"{args.mode} conversion failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
-        )
-        if args.mode != "int16x8":
-            print(f"error: {message[:400]}", file=sys.stderr)
-            return 1
-        # 16x8 is the fallback file, not the product: the int8 file still ships.
-        print(f"warning: {message[:400]}", flush=True)
-        return 0
-    with open(args.out, "wb") as f:
-        f.write(model)
-    print(f"wrote {args.mode}: {args.out} ({len(model)} bytes)", flush=True)
+    for mode, out in files:
+        try:
+            model = _convert(args.saved_model, calib, dtypes, mode)
+        except Exception as exc:  # the converter raises many types; report one line
+            message = (
+                f"{mode} conversion failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            )
+            if mode != "int16x8":
+                print(f"error: {message[:400]}", file=sys.stderr)
+                return 1
+            # 16x8 is the fallback file, not the product: the int8 file still ships.
+            print(f"warning: {message[:400]}", flush=True)
+            continue
+        with open(out, "wb") as f:
+            f.write(model)
+        print(f"wrote {mode}: {out} ({len(model)} bytes)", flush=True)
     return 0
 
 

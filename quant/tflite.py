@@ -46,7 +46,11 @@ INT16X8_NAME = "model_16x8.tflite"
 FLOAT32_NAME = "model_float32.tflite"
 TENSOR_MAP_NAME = "tensor_map.json"
 ONNX2TF_LOG = "onnx2tf.log"
-QUANTIZE_LOG = "tf_convert_{mode}.log"  # one process, and log, per file
+QUANTIZE_LOG = "tf_convert_{modes}.log"  # one per TensorFlow process: "float32_int8_int16x8"
+# A saved_model this large gets a TensorFlow process per file: BERT-base's float32 and int8 files
+# in one process peaked at 7.8 GB resident, apart at 5.6 and 6.4 GB. A smaller one's files share
+# one process, as each process loads TensorFlow and the saved_model again.
+PROCESS_PER_FILE_BYTES = 64 * 2**20
 SAMPLE_DATA_NAME = "calibration_image_sample_data_20x128x128x3_float32.npy"
 SAVED_MODEL_SCRIPT = Path(__file__).with_name("_onnx_to_saved_model.py")
 TF_CONVERT_SCRIPT = Path(__file__).with_name("_tf_convert.py")
@@ -62,8 +66,8 @@ class TfliteArtifacts:
     (best effort, see ``quant.litert.onnx_names``). ``int16x8`` is None when TensorFlow has no
     16x8 kernel for some op; ``notes`` then says which. ``matmul_operands``: what
     :mod:`quant.tflite_symmetric` changed in the int8 file so that XNNPACK runs its
-    BATCH_MATMULs (or why not), one record per group of tensors. ``quantize_log`` is the int8
-    conversion's log; the float32 and 16x8 conversions' are beside it (``QUANTIZE_LOG``).
+    BATCH_MATMULs (or why not), one record per group of tensors. ``quantize_log`` is the log of
+    the TensorFlow process that wrote the int8 file; another's, if any, is beside it.
     """
 
     int8: Path
@@ -179,37 +183,45 @@ def convert_tflite(
             stale.unlink(missing_ok=True)
         start = time.monotonic()
         output = ""
-        for mode, out in (("float32", float32), ("int8", int8), ("int16x8", int16x8)):
-            if mode == "int16x8" and (integer := [s.name for s in specs if s.dtype.kind in "iu"]):
-                # TensorFlow's 16x8 calibration wants a range for every input and records none
-                # for an integer one (token ids, a mask): it fails after a whole calibration
-                # pass (98 s of BERT-base's conversion), so such a model is not tried.
-                output += (
-                    "warning: int16x8 conversion skipped: TensorFlow has no 16x8 path for "
-                    f"integer input(s) {', '.join(integer)}\n"
-                )
-                continue
+        files = [("float32", float32), ("int8", int8)]
+        if integer := [spec.name for spec in specs if spec.dtype.kind in "iu"]:
+            # TensorFlow's 16x8 calibration wants a range for every input and records none for
+            # an integer one (token ids, a mask): it fails after a whole calibration pass (98 s
+            # of BERT-base's conversion), so such a model is not tried.
+            output += (
+                "warning: int16x8 conversion skipped: TensorFlow has no 16x8 path for integer "
+                f"input(s) {', '.join(integer)}\n"
+            )
+        else:
+            files.append(("int16x8", int16x8))
+        size = sum(f.stat().st_size for f in saved_model.rglob("*") if f.is_file())
+        processes = [[file] for file in files] if size > PROCESS_PER_FILE_BYTES else [files]
+        logs: dict[str, Path] = {}  # each file's process's log, by mode
+        for group in processes:
+            modes = "_".join(mode for mode, _ in group)
+            log = work_dir / QUANTIZE_LOG.format(modes=modes)
+            logs.update(dict.fromkeys(dict(group), log))
             output += run_tool(
                 [
                     str(toolenv.python_path(env_dir)),
                     str(TF_CONVERT_SCRIPT),
                     str(saved_model),
                     str(calib_file),
-                    mode,
-                    str(out),
+                    *(f"{mode}={out}" for mode, out in group),
                 ],
                 scratch,
                 env_dir,
                 deadline,
-                work_dir / QUANTIZE_LOG.format(mode=mode),
-                f"the {mode} conversion",
+                log,
+                f"the TFLite converter ({modes.replace('_', ', ')})",
                 isolate,
             )
         quantize_s = time.monotonic() - start
+        quantize_log = logs["int8"]
         if not int8.is_file() or not float32.is_file():
             raise TfliteConversionError(
                 f"the TFLite converter wrote no {INT8_NAME} or {FLOAT32_NAME} "
-                f"(full logs: {work_dir / QUANTIZE_LOG.format(mode='*')})"
+                f"(full log: {quantize_log})"
             )
         notes = tuple(
             ln.removeprefix("warning: ") for ln in output.splitlines() if ln.startswith("warning: ")
@@ -230,7 +242,7 @@ def convert_tflite(
         float32=float32,
         tensor_map=tensor_map,
         onnx2tf_log=work_dir / ONNX2TF_LOG,
-        quantize_log=work_dir / QUANTIZE_LOG.format(mode="int8"),
+        quantize_log=quantize_log,
         onnx2tf_s=round(onnx2tf_s, 2),
         quantize_s=round(quantize_s, 2),
         network_isolated=isolate,

@@ -20,7 +20,7 @@ import torch
 
 from converters import export_onnx, fold_norms
 from edge_un.models import TextTransformer, VisionTransformer
-from quant import toolenv
+from quant import tflite, toolenv
 from quant.litert import (
     aligned_tensors,
     latency_tflite,
@@ -103,18 +103,33 @@ def test_rgb_model_converts_to_full_int8(rgb) -> None:
         "model_float32.tflite",
         "model_int8.tflite",
     ]
-    # each file from a TensorFlow process of its own (one conversion's memory never adds to the
-    # next's), each with its log; the artifacts name the int8 one
-    for mode in ("float32", "int8", "int16x8"):
-        log = artifacts.int8.parent / f"tf_convert_{mode}.log"
-        assert "# exit code 0" in log.read_text() and f"wrote {mode}: " in log.read_text()
-    assert artifacts.quantize_log.name == "tf_convert_int8.log"
+    # a small model's three files from one TensorFlow process, which logged each
+    log = artifacts.quantize_log.read_text()
+    assert artifacts.quantize_log.name == "tf_convert_float32_int8_int16x8.log"
+    assert all(f"wrote {mode}: " in log for mode in ("float32", "int8", "int16x8"))
     # the int8 file computes what the fp32 ONNX model computes (random weights and inputs give
     # tiny logits, so the int8 output step is coarse: measured 0.93, a loose bound)
     reference = _onnx_outputs(onnx_path, calib[:16])
     int8 = run_tflite(artifacts.int8, calib[:16])
     cosine = np.sum(int8 * reference) / (np.linalg.norm(int8) * np.linalg.norm(reference))
     assert cosine > 0.8
+
+
+def test_a_large_models_files_come_from_a_process_each_and_are_the_same_files(
+    rgb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over ``PROCESS_PER_FILE_BYTES`` of saved_model (BERT-base's 417 MB), each file is
+    converted by a TensorFlow process of its own (memory one conversion left behind does not
+    count against the next): the same bytes as from one process."""
+    onnx_path, calib, together = rgb
+    monkeypatch.setattr(tflite, "PROCESS_PER_FILE_BYTES", 0)
+    apart = convert_tflite(onnx_path, calib, tmp_path / "apart", smoke_run=False)
+    for mode in ("float32", "int8", "int16x8"):
+        log = (tmp_path / "apart" / f"tf_convert_{mode}.log").read_text()
+        assert "# exit code 0" in log and f"wrote {mode}: " in log and log.count("wrote ") == 1
+    assert apart.quantize_log.name == "tf_convert_int8.log"
+    for name in ("int8", "int16x8", "float32"):
+        assert getattr(apart, name).read_bytes() == getattr(together, name).read_bytes(), name
 
 
 def test_inspect_finds_float_ops_so_the_check_can_fail(rgb) -> None:
