@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from sqlalchemy import ColumnElement, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, ScalarSelect, delete, func, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from converters.progress import ProgressEvent
@@ -126,11 +126,25 @@ def _fair_order() -> tuple[ColumnElement, ...]:
 
 
 def claim_next(session: Session, phase: str | None = None) -> Claim | None:
-    """Take the next queued job in the fair order (``_fair_order``); None if there is none or
-    another claimer won it. ``phase``: Celery mode's first step of the run (``PREPARE``)."""
+    """Take the next queued job in the fair order (``_fair_order``); None only if none is
+    queued. ``phase``: Celery mode's first step of the run (``PREPARE``).
+
+    A claimer that loses the fairest job to another (PostgreSQL: its UPDATE waited on that
+    row's lock, then found it running) takes the next one: each Celery start message must
+    start a job while one waits, or the job it was sent for stays queued with no message
+    left to start it (seen once in the ten-job test: a job queued for 10 min). Each pass
+    either claims or finds a job another claimer took, so the loop ends."""
     fairest = (
         select(Job.seq).where(Job.state == "queued").order_by(*_fair_order()).limit(1)
     ).scalar_subquery()
+    while True:  # the UPDATE first: on SQLite a read would make it a lock upgrade
+        claimed = _claim_fairest(session, fairest, phase)
+        queued = select(Job.seq).where(Job.state == "queued").limit(1)
+        if claimed is not None or session.scalar(queued) is None:
+            return claimed
+
+
+def _claim_fairest(session: Session, fairest: ScalarSelect, phase: str | None) -> Claim | None:
     now = utcnow()
     result = session.execute(
         update(Job)
