@@ -4,8 +4,9 @@ Route (measured on the bundled examples, see ``convert_tflite``): onnx2tf builds
 model of the folded fp32 ONNX model, ``quant/_onnx_to_saved_model.py`` saves it as a plain
 saved_model (onnx2tf's own command would also write float32 and float16 TFLite files through
 TensorFlow's Keras path, which takes 14+ min for a BERT-base), then ``quant/_tf_convert.py``
-converts that saved_model three times: float32 (LiteRT's reference), full int8 (int8 I/O) and
-16x8 (int16 activations, int8 weights, int16 I/O), the last two with the same calibration data.
+converts that saved_model to float32 (LiteRT's reference) and full int8 (int8 I/O), and on
+demand (``convert_int16x8``: a target whose int8 file misses the bars) to 16x8 (int16
+activations, int8 weights, int16 I/O), the last two with the same calibration data.
 All use onnx2tf's own converter settings, so the int8 file is what ``onnx2tf -oiqt`` would
 write, but without its five other variants and with integer calibration data for int64 token-id
 inputs, which ``-oiqt`` cannot quantize. Both scripts run in the tool environment. The int8 file
@@ -46,7 +47,9 @@ INT16X8_NAME = "model_16x8.tflite"
 FLOAT32_NAME = "model_float32.tflite"
 TENSOR_MAP_NAME = "tensor_map.json"
 ONNX2TF_LOG = "onnx2tf.log"
-QUANTIZE_LOG = "tf_convert_{modes}.log"  # one per TensorFlow process: "float32_int8_int16x8"
+QUANTIZE_LOG = "tf_convert_{modes}.log"  # one per TensorFlow process: "float32_int8"
+SAVED_MODEL_NAME = "saved_model"  # kept beside the files, for a 16x8 file made later
+CALIBRATION_NAME = "calibration.npz"  # the calibration samples as the converter takes them
 # A saved_model this large gets a TensorFlow process per file: BERT-base's float32 and int8 files
 # in one process peaked at 7.8 GB resident, apart at 5.6 and 6.4 GB. A smaller one's files share
 # one process, as each process loads TensorFlow and the saved_model again.
@@ -63,8 +66,10 @@ class TfliteArtifacts:
     ``float32`` is the fp32 TFLite file of the same saved_model (LiteRT's reference for drift and
     latency).
     ``tensor_map`` maps TFLite tensor names to the ONNX tensor names onnx2tf started from
-    (best effort, see ``quant.litert.onnx_names``). ``int16x8`` is None when TensorFlow has no
-    16x8 kernel for some op; ``notes`` then says which. ``matmul_operands``: what
+    (best effort, see ``quant.litert.onnx_names``). ``int16x8`` is None until
+    ``convert_int16x8`` made it, and when TensorFlow has no 16x8 path for the model; ``notes``
+    then says why. ``saved_model`` and ``calibration`` are what that later conversion starts
+    from. ``matmul_operands``: what
     :mod:`quant.tflite_symmetric` changed in the int8 file so that XNNPACK runs its
     BATCH_MATMULs (or why not), one record per group of tensors. ``quantize_log`` is the log of
     the TensorFlow process that wrote the int8 file; another's, if any, is beside it.
@@ -76,6 +81,8 @@ class TfliteArtifacts:
     tensor_map: Path
     onnx2tf_log: Path
     quantize_log: Path
+    saved_model: Path
+    calibration: Path
     onnx2tf_s: float
     quantize_s: float
     network_isolated: bool
@@ -94,13 +101,19 @@ class TfliteArtifacts:
     def from_json(cls, text: str, directory: Path) -> TfliteArtifacts:
         """The record of ``to_json`` for the same files inside ``directory``."""
         fields = json.loads(text)
-        for key in ("int8", "int16x8", "float32", "tensor_map", "onnx2tf_log", "quantize_log"):
+        for key in _FILE_FIELDS:
             fields[key] = None if fields[key] is None else directory / fields[key]
         fields["notes"] = tuple(fields["notes"])
         fields["matmul_operands"] = tuple(
             SymmetricOperand(**record) for record in fields.get("matmul_operands", ())
         )
         return cls(**fields)
+
+
+_FILE_FIELDS = (
+    "int8", "int16x8", "float32", "tensor_map", "onnx2tf_log", "quantize_log", "saved_model",
+    "calibration",
+)  # fmt: skip
 
 
 def convert_tflite(
@@ -113,7 +126,7 @@ def convert_tflite(
     smoke_run: bool = True,
     symmetric_matmul: bool = True,
 ) -> TfliteArtifacts:
-    """Convert a static-batch-1 ONNX model to full-int8 and 16x8 TFLite files.
+    """Convert a static-batch-1 ONNX model to full-int8 TFLite and its float32 reference.
 
     ``calib_inputs``: calibration samples in the ONNX model's own layout (N, C, H, W for images),
     float32, or int64 token ids and masks for a text model, one array per model input by its
@@ -123,10 +136,13 @@ def convert_tflite(
     without network when the kernel allows it, True requires that, False never isolates.
     ``smoke_run`` runs each file once in LiteRT, in this process, so that a file LiteRT cannot
     run is named in ``notes`` now, not when it is measured; False leaves running the files to
-    the caller (one LiteRT aborts on, as LiteRT 2.3 does on the LN ViT-Tiny's 16x8 file, would
-    otherwise take this process with it). ``symmetric_matmul`` gives every int8 BATCH_MATMUL's
+    the caller. ``symmetric_matmul`` gives every int8 BATCH_MATMUL's
     right operand zero point 0 at its producer (:mod:`quant.tflite_symmetric`), so that
     XNNPACK runs it; False keeps the converter's quantization (a benchmark's "before").
+    The 16x8 file is not made here: ``convert_int16x8`` makes it from the saved_model and the
+    calibration set this keeps in ``work_dir``, for the target whose int8 file missed the bars
+    (a whole calibration pass at 16 bits: 3 of the 8 min of ViT-B/16's TFLite stage, spent
+    for every model when it was made with the others).
     Raises TfliteConversionError (one line), or toolenv.ToolEnvMissingError.
 
     Why onnx2tf without ``-oiqt`` plus our own quantizing step (measured on vit-mnist-un, 256
@@ -143,6 +159,11 @@ def convert_tflite(
     isolate = network_isolation(isolate_network)
     work_dir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
+    saved_model, calib_file = work_dir / SAVED_MODEL_NAME, work_dir / CALIBRATION_NAME
+    int8, float32 = work_dir / INT8_NAME, work_dir / FLOAT32_NAME
+    shutil.rmtree(saved_model, ignore_errors=True)
+    for stale in (int8, work_dir / INT16X8_NAME, float32):
+        stale.unlink(missing_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="onnx2tf-", dir=work_dir))
     try:
         # onnx2tf reads this before it would download it (RGB models): float32 in [0, 1].
@@ -153,7 +174,6 @@ def convert_tflite(
         # module records that quant.sources reads.
         onnx_copy = scratch / onnx_path.name
         shutil.copyfile(onnx_path, onnx_copy)
-        saved_model = scratch / "saved_model"
         start = time.monotonic()
         run_tool(
             [
@@ -170,85 +190,134 @@ def convert_tflite(
             isolate,
         )
         onnx2tf_s = time.monotonic() - start
-        if not (saved_model / "saved_model.pb").is_file():
-            raise TfliteConversionError(
-                f"onnx2tf wrote no saved_model for {onnx_path.name} "
-                f"(full log: {work_dir / ONNX2TF_LOG})"
-            )
-        calib_file = scratch / "calibration.npz"
-        np.savez(calib_file, **calib)
-        int8, int16x8 = work_dir / INT8_NAME, work_dir / INT16X8_NAME
-        float32 = work_dir / FLOAT32_NAME
-        for stale in (int8, int16x8, float32):
-            stale.unlink(missing_ok=True)
-        start = time.monotonic()
-        output = ""
-        files = [("float32", float32), ("int8", int8)]
-        if integer := [spec.name for spec in specs if spec.dtype.kind in "iu"]:
-            # TensorFlow's 16x8 calibration wants a range for every input and records none for
-            # an integer one (token ids, a mask): it fails after a whole calibration pass (98 s
-            # of BERT-base's conversion), so such a model is not tried.
-            output += (
-                "warning: int16x8 conversion skipped: TensorFlow has no 16x8 path for integer "
-                f"input(s) {', '.join(integer)}\n"
-            )
-        else:
-            files.append(("int16x8", int16x8))
-        size = sum(f.stat().st_size for f in saved_model.rglob("*") if f.is_file())
-        processes = [[file] for file in files] if size > PROCESS_PER_FILE_BYTES else [files]
-        logs: dict[str, Path] = {}  # each file's process's log, by mode
-        for group in processes:
-            modes = "_".join(mode for mode, _ in group)
-            log = work_dir / QUANTIZE_LOG.format(modes=modes)
-            logs.update(dict.fromkeys(dict(group), log))
-            output += run_tool(
-                [
-                    str(toolenv.python_path(env_dir)),
-                    str(TF_CONVERT_SCRIPT),
-                    str(saved_model),
-                    str(calib_file),
-                    *(f"{mode}={out}" for mode, out in group),
-                ],
-                scratch,
-                env_dir,
-                deadline,
-                log,
-                f"the TFLite converter ({modes.replace('_', ', ')})",
-                isolate,
-            )
-        quantize_s = time.monotonic() - start
-        quantize_log = logs["int8"]
-        if not int8.is_file() or not float32.is_file():
-            raise TfliteConversionError(
-                f"the TFLite converter wrote no {INT8_NAME} or {FLOAT32_NAME} "
-                f"(full log: {quantize_log})"
-            )
-        notes = tuple(
-            ln.removeprefix("warning: ") for ln in output.splitlines() if ln.startswith("warning: ")
-        )
-        operands = make_matmul_operands_symmetric(int8, int8) if symmetric_matmul else ()
-        if smoke_run:
-            first = {name: array[:1] for name, array in calib.items()}
-            notes += _smoke_run((int8, int16x8), first)
-        tensor_map = work_dir / TENSOR_MAP_NAME
-        tensor_map.write_text(
-            json.dumps(parse_tensor_map(_read(work_dir / ONNX2TF_LOG)), indent=1) + "\n"
-        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if not (saved_model / "saved_model.pb").is_file():
+        raise TfliteConversionError(
+            f"onnx2tf wrote no saved_model for {onnx_path.name} "
+            f"(full log: {work_dir / ONNX2TF_LOG})"
+        )
+    np.savez(calib_file, **calib)
+    start = time.monotonic()
+    size = sum(f.stat().st_size for f in saved_model.rglob("*") if f.is_file())
+    files = [("float32", float32), ("int8", int8)]
+    processes = [[file] for file in files] if size > PROCESS_PER_FILE_BYTES else [files]
+    for group in processes:  # the int8 file's process is the last one
+        _, quantize_log = _tf_convert(saved_model, calib_file, group, env_dir, deadline, isolate)
+    quantize_s = time.monotonic() - start
+    if not int8.is_file() or not float32.is_file():
+        raise TfliteConversionError(
+            f"the TFLite converter wrote no {INT8_NAME} or {FLOAT32_NAME} "
+            f"(full log: {quantize_log})"
+        )
+    operands = make_matmul_operands_symmetric(int8, int8) if symmetric_matmul else ()
+    notes = (
+        _smoke_run((int8,), {name: array[:1] for name, array in calib.items()}) if smoke_run else ()
+    )
+    tensor_map = work_dir / TENSOR_MAP_NAME
+    tensor_map.write_text(
+        json.dumps(parse_tensor_map(_read(work_dir / ONNX2TF_LOG)), indent=1) + "\n"
+    )
     return TfliteArtifacts(
         int8=int8,
-        int16x8=int16x8 if int16x8.is_file() else None,
+        int16x8=None,
         float32=float32,
         tensor_map=tensor_map,
         onnx2tf_log=work_dir / ONNX2TF_LOG,
         quantize_log=quantize_log,
+        saved_model=saved_model,
+        calibration=calib_file,
         onnx2tf_s=round(onnx2tf_s, 2),
         quantize_s=round(quantize_s, 2),
         network_isolated=isolate,
         notes=notes,
         matmul_operands=operands,
     )
+
+
+def convert_int16x8(
+    converted: TfliteArtifacts,
+    *,
+    timeout_s: float = 900,
+    smoke_run: bool = True,
+) -> TfliteArtifacts:
+    """``converted`` with its 16x8 file (int8 weights, int16 activations and I/O), made from the
+    saved_model and calibration set ``convert_tflite`` kept, in a TensorFlow process of its own,
+    network isolated as the first conversion was. No file (``int16x8`` None, and a note that
+    says why) when TensorFlow has no 16x8 path for the model: for an integer input (token ids,
+    a mask) its 16x8 calibration wants a range it never records, and fails after a whole
+    calibration pass (98 s of BERT-base's conversion), so such a model is not tried. ``smoke_run``
+    as for ``convert_tflite`` (LiteRT 2.3 aborts the process on an LN model's 16x8 file); a file
+    it finds LiteRT cannot run is removed, and the note says why.
+    Raises TfliteConversionError (one line), or toolenv.ToolEnvMissingError."""
+    wide = converted.int8.with_name(INT16X8_NAME)
+    wide.unlink(missing_ok=True)
+    with np.load(converted.calibration, allow_pickle=False) as archive:
+        integer = [name for name in archive.files if archive[name].dtype.kind in "iu"]
+        first = {name: archive[name][:1] for name in archive.files}
+    if integer:
+        note = (
+            "int16x8 conversion skipped: TensorFlow has no 16x8 path for integer "
+            f"input(s) {', '.join(integer)}"
+        )
+        return dataclasses.replace(converted, notes=(*converted.notes, note))
+    env_dir = toolenv.require()
+    deadline = time.monotonic() + timeout_s
+    output, log = _tf_convert(
+        converted.saved_model,
+        converted.calibration,
+        [("int16x8", wide)],
+        env_dir,
+        deadline,
+        converted.network_isolated,
+    )
+    notes = tuple(
+        ln.removeprefix("warning: ") for ln in output.splitlines() if ln.startswith("warning: ")
+    )
+    if smoke_run and wide.is_file() and (failed := _smoke_run((wide,), first)):
+        wide.unlink()  # a file LiteRT cannot run has no drift to measure
+        notes += failed
+    if not wide.is_file() and not notes:
+        notes = (f"TensorFlow wrote no {INT16X8_NAME} (full log: {log})",)
+    return dataclasses.replace(
+        converted,
+        int16x8=wide if wide.is_file() else None,
+        notes=converted.notes + notes,
+    )
+
+
+def _tf_convert(
+    saved_model: Path,
+    calib_file: Path,
+    files: Sequence[tuple[str, Path]],
+    env_dir: Path,
+    deadline: float,
+    isolate: bool,
+) -> tuple[str, Path]:
+    """One TensorFlow process writing ``files`` (mode, path) of the saved_model: its stdout and
+    its log, beside the files."""
+    modes = "_".join(mode for mode, _ in files)
+    log = files[0][1].with_name(QUANTIZE_LOG.format(modes=modes))
+    scratch = Path(tempfile.mkdtemp(prefix="tf-convert-", dir=log.parent))
+    try:
+        output = run_tool(
+            [
+                str(toolenv.python_path(env_dir)),
+                str(TF_CONVERT_SCRIPT),
+                str(saved_model),
+                str(calib_file),
+                *(f"{mode}={out}" for mode, out in files),
+            ],
+            scratch,
+            env_dir,
+            deadline,
+            log,
+            f"the TFLite converter ({modes.replace('_', ', ')})",
+            isolate,
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return output, log
 
 
 def _smoke_run(files: Sequence[Path], sample: Inputs) -> tuple[str, ...]:

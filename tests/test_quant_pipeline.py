@@ -263,6 +263,43 @@ def test_targets_built_two_at_once_make_the_same_files_and_figures(
             last[event.target] = index
     assert max(first["cpu"], first["imx93"]) < min(last["cpu"], last["imx93"])  # at once
     assert first["imx8mp"] > min(last["cpu"], last["imx93"])
+    # imx93 made a 16x8 file only if its pure int8 file missed these bars
+    imx93 = at_once.targets["imx93"]
+    pure = imx93.pure_int8_drift or imx93.drift
+    fallback = [e for e in events if e.target == "imx93" and e.stage == "fallback"]
+    assert bool(fallback) == (not pure.within_bar)
+
+
+def test_the_16x8_file_is_made_only_for_the_target_that_runs_it_when_int8_misses(
+    tmp_path: Path,
+) -> None:
+    """At a 100 % agreement bar both TFLite targets' pure int8 files miss. imx93 (Ethos-U runs
+    16x8) then converts its 16x8 file from the saved_model of the conversion the two share,
+    measures it and ships the better file; imx8mp (its VX delegate runs no 16x8) makes none."""
+    from converters.progress import ProgressEvent
+    from quant.pipeline import convert
+
+    events: list[ProgressEvent] = []
+    out = tmp_path / "out"
+    report = convert(
+        examples.path("vit-mnist-un"), targets="imx93,imx8mp", out_dir=out, max_drift=0.0,
+        min_agreement=1.0, progress=events.append, latency_runs=3,
+    )  # fmt: skip
+    fallbacks = [(e.target, e.label) for e in events if e.stage == "fallback"]
+    assert fallbacks == [("imx93", "imx93: fallback (16x8: TFLite converter)")]
+    imx93, imx8mp = report.targets["imx93"], report.targets["imx8mp"]
+    pure = imx93.pure_int8_drift or imx93.drift
+    assert not pure.within_bar and not imx8mp.drift.within_bar
+    assert pure.agreement == imx8mp.drift.agreement  # the same int8 file, the same LiteRT
+    shipped = {a.name for a in imx93.artifacts if a.format == "tflite"}
+    if imx93.pure_int8_drift is not None:  # 16x8 agreed better: it ships, and says its cost
+        assert shipped == {"imx93/model_16x8.tflite"} and imx93.excluded[0].agreement > (
+            pure.agreement
+        )
+    else:  # measured, no better: the int8 file ships, and no 16x8 file is left
+        assert shipped == {"imx93/model_int8.tflite"} and imx93.excluded == []
+    assert not (out / "imx8mp" / "model_16x8.tflite").exists()
+    assert not any(w.startswith("no 16x8 fallback") for w in imx93.warnings)
 
 
 def test_the_default_model_is_the_migrated_vit_and_pure_int8_meets_the_bar(tmp_path: Path) -> None:
