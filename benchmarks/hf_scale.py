@@ -2,6 +2,10 @@
 
     .venv/bin/python -m benchmarks.hf_scale                # ~40 min on 2 cores
     .venv/bin/python -m benchmarks.hf_scale --report-only  # Markdown and plot from the JSON
+    EDGE_UN_BENCH_MODELS=vit-b16 .venv/bin/python -m benchmarks.hf_scale  # one model again
+
+Run for a subset, the other models keep their committed entries; each entry names the commit
+that measured it.
 
 Random weights (timing and memory only; accuracy needs trained models): a
 ``BertForSequenceClassification`` of BERT-base's size (hidden 768, 12 layers, 12 heads, FFN
@@ -39,7 +43,7 @@ import numpy as np
 import torch
 
 import edge_un
-from benchmarks.results_main import benchmark_main, save_figure
+from benchmarks.results_main import RESULTS, ROOT, benchmark_main, save_figure
 from quant.host import describe_host
 from service.settings import Settings
 
@@ -136,6 +140,10 @@ def run() -> dict[str, Any]:
         },
         "models": {},
     }
+    committed = RESULTS / f"{NAME}.json"
+    if ONLY and committed.exists():  # the models not run again keep their measured entries
+        kept = json.loads(committed.read_text())["models"]
+        results["models"] = {name: entry for name, entry in kept.items() if name not in ONLY}
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         for name in [m for m in MODELS if m in ONLY] if ONLY else MODELS:
@@ -145,6 +153,9 @@ def run() -> dict[str, Any]:
             entry: dict[str, Any] = {
                 "parameters": parameters,
                 "onnx_mb": sum(f.stat().st_size for f in files if f.exists()) / 2**20,
+                "commit": subprocess.check_output(
+                    ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True
+                ).strip(),
                 "runs": {},
             }
             for parallel in (1, PARALLEL):
@@ -173,15 +184,19 @@ def markdown(results: dict[str, Any]) -> str:
         "Each model converted with its targets built one at a time, then "
         f"{PARALLEL} at once (`edge-un convert --parallel {PARALLEL}`), one run after the other.",
         "",
-        "| model | parameters | ONNX MB | targets at once | all targets, wall "
-        "| peak RSS: process tree | largest one process | pipeline's own | status per target |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | commit | parameters | ONNX MB | targets at once | all targets, wall "
+        "| peak RSS: process tree | largest one process | pipeline's own "
+        "| largest address space, one process | status per target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in results["models"].items():
         for parallel, run in entry["runs"].items():
-            head = f"| {name} | {entry['parameters']:,} | {entry['onnx_mb']:.0f} | {parallel} |"
+            head = (
+                f"| {name} | {entry.get('commit', '-')} | {entry['parameters']:,} | "
+                f"{entry['onnx_mb']:.0f} | {parallel} |"
+            )
             if "error" in run:
-                lines.append(f"{head} - | - | - | - | failed: {run['error']} |")
+                lines.append(f"{head} - | - | - | - | - | failed: {run['error']} |")
                 continue
             statuses = ", ".join(
                 f"{t}: {v['status']}" + (f" ({v['error']})" if v["error"] else "")
@@ -189,7 +204,8 @@ def markdown(results: dict[str, Any]) -> str:
             )
             lines.append(
                 f"{head} {run['wall_s'] / 60:.1f} min | {run['peak_tree_rss_mb']:.0f} MB | "
-                f"{run['peak_child_rss_mb']:.0f} MB | {run['peak_rss_mb']:.0f} MB | {statuses} |"
+                f"{run['peak_child_rss_mb']:.0f} MB | {run['peak_rss_mb']:.0f} MB | "
+                f"{_mb(run.get('peak_address_space_mb'))} | {statuses} |"
             )
     lines += ["", "## Stage times, one target at a time (s)", ""]
     for name, entry in results["models"].items():
@@ -214,6 +230,10 @@ def markdown(results: dict[str, Any]) -> str:
             lines += [f"| {t} | {a:.0f} | {b:.0f} |" for t, (a, b) in spans.items()]
             lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} MB"  # not measured before it was recorded
 
 
 def plot(results: dict[str, Any]) -> None:

@@ -8,7 +8,8 @@ the next one starts), each stage named by its event's ``label`` (``cpu: quantize
 Runtime)``). Peak memory: this process's own peak RSS (the pipeline in Python, ONNX Runtime,
 LiteRT; VmHWM), the largest RSS of any one tool subprocess (onnx2tf, TensorFlow's converter,
 Vela) and of the whole process tree (what the machine had to hold at once), both sampled every
-0.2 s with psutil.
+0.2 s with psutil; and the largest address space any one process of the tree reached (its
+VmPeak, read at each sample), which is what the service's ``EDGE_UN_JOB_MEMORY_MB`` caps.
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ def _rss(process: psutil.Process) -> tuple[int, int]:
     return total + process.memory_info().rss, largest
 
 
+def _vm_peak(process: psutil.Process) -> int:
+    """The largest VmPeak (peak address space, bytes) of ``process`` and its descendants."""
+    largest = 0
+    for proc in [process, *process.children(recursive=True)]:
+        with contextlib.suppress(OSError, psutil.Error):
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            kib = next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmPeak:"))
+            largest = max(largest, int(kib) * 1024)
+    return largest
+
+
 def _hwm_mb() -> float:
     """This process's peak RSS (VmHWM; ``ru_maxrss`` would carry the parent's over exec)."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -60,7 +72,7 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=1, help="targets built at once")
     args = parser.parse_args()
 
-    peak = {"tree": 0, "child": 0}
+    peak = {"tree": 0, "child": 0, "address_space": 0}
     done = threading.Event()
     me = psutil.Process()
 
@@ -68,6 +80,7 @@ def main() -> None:
         while not done.wait(0.2):
             tree, child = _rss(me)
             peak["tree"], peak["child"] = max(peak["tree"], tree), max(peak["child"], child)
+            peak["address_space"] = max(peak["address_space"], _vm_peak(me))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -113,6 +126,7 @@ def main() -> None:
         "peak_rss_mb": round(_hwm_mb(), 1),
         "peak_child_rss_mb": round(peak["child"] / 2**20, 1),
         "peak_tree_rss_mb": round(peak["tree"] / 2**20, 1),
+        "peak_address_space_mb": round(max(peak["address_space"], _vm_peak(me)) / 2**20, 1),
         "targets": {
             name: {
                 "status": target.status,
