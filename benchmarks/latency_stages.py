@@ -45,8 +45,9 @@ def _vm_peak(process: psutil.Process) -> int:
     for proc in [process, *process.children(recursive=True)]:
         with contextlib.suppress(OSError, psutil.Error):
             status = Path(f"/proc/{proc.pid}/status").read_text()
-            kib = next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmPeak:"))
-            largest = max(largest, int(kib) * 1024)
+            # a zombie (a tool that exited, not yet reaped) has no VmPeak line
+            for line in (ln for ln in status.splitlines() if ln.startswith("VmPeak:")):
+                largest = max(largest, int(line.split()[1]) * 1024)
     return largest
 
 
@@ -76,11 +77,16 @@ def main() -> None:
     done = threading.Event()
     me = psutil.Process()
 
+    failed: list[BaseException] = []
+
     def sample() -> None:
-        while not done.wait(0.2):
-            tree, child = _rss(me)
-            peak["tree"], peak["child"] = max(peak["tree"], tree), max(peak["child"], child)
-            peak["address_space"] = max(peak["address_space"], _vm_peak(me))
+        try:
+            while not done.wait(0.2):
+                tree, child = _rss(me)
+                peak["tree"], peak["child"] = max(peak["tree"], tree), max(peak["child"], child)
+                peak["address_space"] = max(peak["address_space"], _vm_peak(me))
+        except Exception as error:  # a sampler that stopped would report too low a peak
+            failed.append(error)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -112,6 +118,8 @@ def main() -> None:
     total = time.perf_counter() - start
     done.set()
     sampler.join()
+    if failed:
+        raise SystemExit(f"memory sampling stopped during the run: {failed[0]!r}")
     # A stage lasts until the next event: true of targets built one at a time only (at once,
     # their events interleave; each target's span is kept instead).
     stages = [
