@@ -141,8 +141,8 @@ def convert_tflite(
     XNNPACK runs it; False keeps the converter's quantization (a benchmark's "before").
     The 16x8 file is not made here: ``convert_int16x8`` makes it from the saved_model and the
     calibration set this keeps in ``work_dir``, for the target whose int8 file missed the bars
-    (a whole calibration pass at 16 bits: 3 of the 8 min of ViT-B/16's TFLite stage, spent
-    for every model when it was made with the others).
+    (a whole calibration pass at 16 bits, made for every model when it was made with the
+    others: ViT-B/16's TFLite stage went 370 -> 192 s without it).
     Raises TfliteConversionError (one line), or toolenv.ToolEnvMissingError.
 
     Why onnx2tf without ``-oiqt`` plus our own quantizing step (measured on vit-mnist-un, 256
