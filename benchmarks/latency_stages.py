@@ -29,26 +29,20 @@ if TYPE_CHECKING:  # the pipeline's modules are imported inside the timed run, n
     from converters.progress import ProgressEvent
 
 
-def _rss(process: psutil.Process) -> tuple[int, int]:
-    """(RSS of the whole tree, largest RSS of one descendant), in bytes."""
-    total = largest = 0
-    for proc in process.children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            rss = proc.memory_info().rss
-            total, largest = total + rss, max(largest, rss)
-    return total + process.memory_info().rss, largest
-
-
-def _vm_peak(process: psutil.Process) -> int:
-    """The largest VmPeak (peak address space, bytes) of ``process`` and its descendants."""
-    largest = 0
+def _memory(process: psutil.Process) -> tuple[int, int, int]:
+    """(RSS of the whole tree, largest RSS of one descendant, largest VmPeak (peak address
+    space) of the tree's processes), in bytes, from one walk of the tree."""
+    tree = largest = address_space = 0
     for proc in [process, *process.children(recursive=True)]:
         with contextlib.suppress(OSError, psutil.Error):
+            rss = proc.memory_info().rss
+            tree += rss
+            largest = max(largest, rss) if proc is not process else largest
             status = Path(f"/proc/{proc.pid}/status").read_text()
             # a zombie (a tool that exited, not yet reaped) has no VmPeak line
             for line in (ln for ln in status.splitlines() if ln.startswith("VmPeak:")):
-                largest = max(largest, int(line.split()[1]) * 1024)
-    return largest
+                address_space = max(address_space, int(line.split()[1]) * 1024)
+    return tree, largest, address_space
 
 
 def _hwm_mb() -> float:
@@ -82,9 +76,8 @@ def main() -> None:
     def sample() -> None:
         try:
             while not done.wait(0.2):
-                tree, child = _rss(me)
-                peak["tree"], peak["child"] = max(peak["tree"], tree), max(peak["child"], child)
-                peak["address_space"] = max(peak["address_space"], _vm_peak(me))
+                for key, value in zip(peak, _memory(me), strict=True):
+                    peak[key] = max(peak[key], value)
         except Exception as error:  # a sampler that stopped would report too low a peak
             failed.append(error)
 
@@ -134,7 +127,7 @@ def main() -> None:
         "peak_rss_mb": round(_hwm_mb(), 1),
         "peak_child_rss_mb": round(peak["child"] / 2**20, 1),
         "peak_tree_rss_mb": round(peak["tree"] / 2**20, 1),
-        "peak_address_space_mb": round(max(peak["address_space"], _vm_peak(me)) / 2**20, 1),
+        "peak_address_space_mb": round(max(peak["address_space"], _memory(me)[2]) / 2**20, 1),
         "targets": {
             name: {
                 "status": target.status,
