@@ -41,16 +41,28 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
 SIGNATURE = "serving_default"
 MODES = ("float32", "int8", "int16x8")
 
 
 def _signature_inputs(saved_model: str) -> dict[str, tuple[tf.dtypes.DType, tuple]]:
-    """The inputs of the saved_model's serving signature: key -> (dtype, shape)."""
-    loaded = tf.saved_model.load(saved_model)
-    spec = loaded.signatures[SIGNATURE].structured_input_signature[1]
-    return {key: (tensor.dtype, tuple(tensor.shape)) for key, tensor in spec.items()}
+    """The inputs of the saved_model's serving signature: key -> (dtype, shape), an unknown
+    dimension as None. Read from saved_model.pb alone: ``tf.saved_model.load`` restored every
+    variable too, memory the process kept while the converter loaded them again (BERT-base's
+    int8 process peaked at 6201 MiB resident with it, 5802 MiB without, the same file; measured
+    once with ``/usr/bin/time``)."""
+    with open(os.path.join(saved_model, "saved_model.pb"), "rb") as file:
+        proto = saved_model_pb2.SavedModel.FromString(file.read())
+    inputs = proto.meta_graphs[0].signature_def[SIGNATURE].inputs
+    return {
+        key: (
+            tf.dtypes.as_dtype(info.dtype),
+            tuple(None if dim.size < 0 else dim.size for dim in info.tensor_shape.dim),
+        )
+        for key, info in inputs.items()
+    }
 
 
 def _canonical(name: str) -> str:
