@@ -32,7 +32,8 @@ class Settings(BaseSettings):
     job_timeout_s: float = Field(1800, gt=0)
     # Address-space limit of a job process (0 = none). Address space, not resident memory: torch,
     # ONNX Runtime and TensorFlow reserve far more than they touch. BERT-base (110 M parameters)
-    # ran out at 6144 MB while writing its opset-17 copy (benchmarks/results/hf_scale.md).
+    # ran out at 6144 MB while writing its opset-17 copy; its largest process peaks at 8.5 GB of
+    # address space, ViT-B/16's at 7.7 GB (benchmarks/results/hf_scale.md): 12288 leaves 44 %.
     job_memory_mb: int = Field(12288, ge=0)
     max_attempts: int = Field(2, ge=1)  # runs of a job interrupted by a server crash
     # Jobs one token may have waiting to start; one more is answered 429 with Retry-After.
