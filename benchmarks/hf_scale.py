@@ -207,10 +207,6 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{_mb(run.get('peak_child_rss_mb'))} | {_mb(run.get('peak_rss_mb'))} | "
                 f"{_mb(run.get('peak_address_space_mb'))} | {statuses} |"
             )
-    notes = [
-        (n, e["memory_not_kept"]) for n, e in results["models"].items() if "memory_not_kept" in e
-    ]
-    lines += ["", *(f"- {name}'s memory: {note}." for name, note in notes)] if notes else []
     lines += ["", "## Stage times, one target at a time (s)", ""]
     for name, entry in results["models"].items():
         run = entry["runs"].get("1", {})
@@ -237,7 +233,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def _mb(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f} MB"  # not measured, or not kept (see notes)
+    return "-" if value is None else f"{value:.0f} MB"  # not measured before it was recorded
 
 
 def plot(results: dict[str, Any]) -> None:

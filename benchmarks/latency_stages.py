@@ -37,7 +37,8 @@ def _memory(process: psutil.Process) -> tuple[int, int, int]:
         with contextlib.suppress(OSError, psutil.Error):
             rss = proc.memory_info().rss
             tree += rss
-            largest = max(largest, rss) if proc is not process else largest
+            if proc is not process:  # a descendant: the tool processes the pipeline starts
+                largest = max(largest, rss)
             status = Path(f"/proc/{proc.pid}/status").read_text()
             # a zombie (a tool that exited, not yet reaped) has no VmPeak line
             for line in (ln for ln in status.splitlines() if ln.startswith("VmPeak:")):

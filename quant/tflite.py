@@ -142,7 +142,7 @@ def convert_tflite(
     The 16x8 file is not made here: ``convert_int16x8`` makes it from the saved_model and the
     calibration set this keeps in ``work_dir``, for the target whose int8 file missed the bars
     (a whole calibration pass at 16 bits, made for every model when it was made with the
-    others: ViT-B/16's TFLite stage went 370 -> 192 s without it).
+    others: ViT-B/16's TFLite stage went 370 -> 190 s without it).
     Raises TfliteConversionError (one line), or toolenv.ToolEnvMissingError.
 
     Why onnx2tf without ``-oiqt`` plus our own quantizing step (measured on vit-mnist-un, 256
