@@ -110,17 +110,18 @@ def run_model(name: str, scratch: Path) -> list[dict]:
     export_folded(folded, b1, opset=17, dynamic_batch=False)
     reference_b1 = onnx_runner(b1)(evaluation.inputs)
     tda = PROFILES["tda4vm"]
-    recipe = tda.int8_recipes[0]
+    uncorrected = replace(tda, bias_correction=False)
+    streams = scratch / f"{name}_b1_streams.onnx"
     variants = (
-        ("tda4vm: s8 symmetric, power-of-two scales (MSE-chosen), opset 17", b1),
-        ("tda4vm: the same, residual streams on the power-of-two grid (as shipped)",
-         scratch / f"{name}_b1_streams.onnx"),
+        ("tda4vm: s8 symmetric, power-of-two scales (MSE-chosen), opset 17", b1, uncorrected),
+        ("tda4vm: the same, residual streams on the power-of-two grid", streams, uncorrected),
+        ("tda4vm: the same, biases corrected (as shipped)", streams, tda),
     )  # fmt: skip
-    for label, source in variants:
+    for label, source, recipe in variants:
         start = time.perf_counter()
         if source != b1:
             grid = align_streams(
-                b1, source, lambda f, o: quantize_onnx(f, o, recipe, calibration), calibration
+                b1, source, lambda f, o, r=recipe: quantize_onnx(f, o, r, calibration), calibration
             )
             source = source if grid.scaled else b1
         out = quantize_onnx(source, scratch / "tda.onnx", recipe, calibration)

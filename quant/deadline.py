@@ -5,8 +5,8 @@ drift fallback takes one more step than the time left allows would run the whole
 timeout, and the user would get nothing. Instead the search loops ask before each step whether
 it still fits (:meth:`Deadline.allows`: the step, as long as the last one took, and as long
 again for what follows the search: the shipped file's checks, its error profile, its latency),
-and a step with a loop of its own (bias correction: one pass of the calibration data per bias)
-checks between its passes (:func:`check`, within :func:`watching`). A search stopped so ships
+and a step with a loop of its own (bias correction: one bias after another, in graph order)
+checks between two of them (:func:`check`, within :func:`watching`). A search stopped so ships
 the best file measured so far, over the bar, with a warning that says why (:func:`stop_note`).
 """
 

@@ -22,7 +22,8 @@ import onnxruntime as ort
 from onnxruntime.quantization.qdq_loss_debug import create_activation_matching
 
 from .data import Samples, as_feeds, feed_for, padded
-from .ort_int8 import SavedTensors, static_batch, stream_batch
+from .graph_walk import static_batch
+from .ort_int8 import SavedTensors, stream_batch
 from .targets import Bars
 
 EVAL_BATCH = 256

@@ -39,6 +39,7 @@ from onnxruntime.quantization.qdq_loss_debug import (
 
 from .bias_correction import correct_biases
 from .data import Feeds, Samples, feed_for
+from .graph_walk import static_batch
 from .ort_graph import linear_as_gemm
 from .ort_rewrites import apply_ort_rewrites, ort_rewrites, shared_quantization
 from .pow2_record import scale_choices, scales_by_name, write_choices
@@ -84,9 +85,7 @@ def quantize_onnx(
     input_names = graph_input_names(model)
     fixed = static_batch(model)
     with tempfile.TemporaryDirectory() as scratch, _quiet():
-        prepared = Path(scratch) / "prepared.onnx"
-        source = _with_gemm_linears(fp32_path, Path(scratch)) if profile.gemm_linears else fp32_path
-        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=False)
+        prepared = prepare_for_quantization(fp32_path, profile, Path(scratch))
         widened = shared_quantization(onnx.load(str(prepared)), int16_tensors)
         overrides = {name: [{"quant_type": QuantType.QInt16}] for name in widened}
         quantize_static(
@@ -125,13 +124,19 @@ def quantize_onnx(
     return out_path
 
 
-def _with_gemm_linears(fp32_path: Path, scratch: Path) -> Path:
-    """A copy of the fp32 model with its Linears as Gemm (``quant.ort_graph.linear_as_gemm``)."""
-    model = onnx.load(str(fp32_path))
-    linear_as_gemm(model)
-    rewritten = scratch / "gemm_linears.onnx"
-    onnx.save_model(model, str(rewritten))
-    return rewritten
+def prepare_for_quantization(fp32_path: Path, profile: TargetProfile, scratch: Path) -> Path:
+    """The fp32 graph ORT's quantizer is given, and the reference bias correction measures
+    against (in ``scratch``): its Linears as Gemm where ``profile`` wants them, then ORT's own
+    pre-processing (shape inference; its fusions rename tensors)."""
+    source = fp32_path
+    if profile.gemm_linears:
+        model = onnx.load(str(fp32_path))
+        linear_as_gemm(model)
+        source = scratch / "gemm_linears.onnx"
+        onnx.save_model(model, str(source))
+    prepared = scratch / "prepared.onnx"
+    quant_pre_process(str(source), str(prepared), skip_symbolic_shape=False)
+    return prepared
 
 
 def _activation_scales(
@@ -215,12 +220,6 @@ def graph_input_names(model: onnx.ModelProto) -> list[str]:
     """The model's inputs (an initializer listed as an input is a constant, not one)."""
     constants = {init.name for init in model.graph.initializer}
     return [value.name for value in model.graph.input if value.name not in constants]
-
-
-def static_batch(model: onnx.ModelProto) -> int | None:
-    """The fixed batch size of the inputs (they share it), or None when it is dynamic."""
-    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
-    return dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
 
 
 def power_of_two_ceil(scale: np.ndarray) -> np.ndarray:

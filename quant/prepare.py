@@ -36,9 +36,9 @@ from .data import (
 )
 from .drift import onnx_runner
 from .errors import DataFileError, QuantError, one_line
+from .graph_walk import static_batch
 from .isolation import save_samples
 from .job_files import ExportedModel, Prepared, export_key
-from .ort_int8 import static_batch
 from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
 from .targets import Bars, TargetProfile, resolve_targets
 

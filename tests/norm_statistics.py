@@ -54,9 +54,7 @@ def batch_statistics(tokens: Tensor, centre: bool) -> tuple[Tensor | None, Tenso
     return mean, (tokens - mean).square().mean(0)
 
 
-def tid(
-    statistics: list[tuple[Tensor | None, Tensor]], mean: Tensor | None, var: Tensor
-) -> float:
+def tid(statistics: list[tuple[Tensor | None, Tensor]], mean: Tensor | None, var: Tensor) -> float:
     std = var.double().sqrt()
     gaps = []
     for batch_mean, batch_var in statistics:

@@ -16,17 +16,21 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quant.bias_correction import channel_means
+from quant.bias_correction import bias_sites, channel_means
 from quant.data import Samples
 from quant.drift import Drift, measure_drift, onnx_runner
 from quant.errors import RuleViolation
 from quant.onnx_target import RecipeTrial, build_onnx_target, kept_recipe
-from quant.ort_int8 import quantize_onnx
+from quant.ort_int8 import prepare_for_quantization, quantize_onnx
 from quant.rules import check_onnx_artifact
 from quant.target_job import Bars, TargetJob
 from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TargetProfile
 
 CPU, TDA4VM = PROFILES["cpu"], PROFILES["tda4vm"]
+# tda4vm as it was before its biases were always corrected: a pure int8 target whose ladder
+# has one step, for the ladder's own tests
+UNCORRECTED = dataclasses.replace(TDA4VM, bias_correction=False)
+LADDERED = dataclasses.replace(UNCORRECTED, int8_ladder=("bias_correction",))
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +54,15 @@ def test_the_ladders_add_bias_correction_then_u8_weights_and_keep_the_rest() -> 
     assert [(r.weight_type, r.weight_bits, r.bias_correction) for r in cpu] == [
         ("int8", 7, False), ("int8", 7, True), ("uint8", 8, True),
     ]  # fmt: skip
-    tda4vm = TDA4VM.int8_recipes
-    assert [r.bias_correction for r in tda4vm] == [False, True]
-    assert all(r.power_of_two_scales and r.symmetric_activations for r in tda4vm)
+    # tda4vm corrects its biases in its first and only recipe, as TIDL's own calibration does
+    assert [(r.bias_correction, r.power_of_two_scales) for r in TDA4VM.int8_recipes] == [
+        (True, True)
+    ]
+    laddered = LADDERED.int8_recipes
+    assert [r.bias_correction for r in laddered] == [False, True]
+    assert all(r.power_of_two_scales and r.symmetric_activations for r in laddered)
     # every rung is its target otherwise, pure int8, no ladder of its own
-    for rungs in (cpu, tda4vm):
+    for rungs in (cpu, laddered):
         assert len({r.recipe for r in rungs}) == len(rungs)
         assert all(r.int8_ladder == () and r.name == rungs[0].name for r in rungs)
     assert [len(p.int8_recipes) for p in (PROFILES["imx93"], PROFILES["imx8mp"])] == [1, 1]
@@ -63,10 +71,10 @@ def test_the_ladders_add_bias_correction_then_u8_weights_and_keep_the_rest() -> 
 
 
 def test_bias_correction_cancels_the_mean_error_it_measures_and_lowers_the_test_error(
-    vit: dict,
+    vit: dict, tmp_path: Path
 ) -> None:
-    plain = quantized(vit, TDA4VM.int8_recipes[0], "tda4vm_plain.onnx")
-    corrected = quantized(vit, TDA4VM.int8_recipes[1], "tda4vm_corrected.onnx")
+    plain = quantized(vit, UNCORRECTED, "tda4vm_plain.onnx")
+    corrected = quantized(vit, TDA4VM, "tda4vm_corrected.onnx")
     check_onnx_artifact(corrected, TDA4VM)  # power-of-two scales, symmetric: the rules still hold
     before, after = initializers(plain), initializers(corrected)
     assert before.keys() == after.keys()
@@ -84,6 +92,20 @@ def test_bias_correction_cancels_the_mean_error_it_measures_and_lowers_the_test_
     }
     assert len(changed) == 18 and changed <= biases
     assert all(after[name].dtype == np.int32 for name in changed)
+    # each bias was measured with every bias before it corrected (one walk through the graph,
+    # not one pass each): run whole, every corrected output's mean error on the calibration
+    # data is under half a step of its bias, the int32 rounding, in every channel
+    fp32 = onnx.load(str(prepare_for_quantization(vit["fp32"]["tda4vm"], TDA4VM, tmp_path)))
+    sites = bias_sites(model, {out for node in fp32.graph.node for out in node.output})
+    assert len(sites) == 18
+    int8_means = channel_means(model, {s.output: s.channel_axis for s in sites}, vit["calibration"])
+    fp32_means = channel_means(
+        fp32, {s.reference: s.channel_axis for s in sites}, vit["calibration"]
+    )
+    for site in sites:
+        residual = np.abs(int8_means[site.output] - fp32_means[site.reference])
+        step = np.broadcast_to(after[site.scale], residual.shape)
+        assert np.all(residual <= 0.5 * step + 1e-6), (site.bias, (residual / step).max())
 
     def logits(path: Path, samples: Samples) -> np.ndarray:
         return onnx_runner(path, exact=True)(samples.inputs)
@@ -136,12 +158,14 @@ def test_the_kept_recipe_is_the_first_within_the_bars_else_the_closest_to_them()
     assert kept_recipe(tied, bars).profile is a  # a tie: the earlier, cheaper recipe
 
 
-def job(vit: dict, tmp_path: Path, bars: Bars, evaluation: Samples) -> TargetJob:
+def job(
+    vit: dict, tmp_path: Path, bars: Bars, evaluation: Samples, profile: TargetProfile = TDA4VM
+) -> TargetJob:
     fp32 = vit["fp32"]["tda4vm"]
     target_dir = tmp_path / "tda4vm"
     target_dir.mkdir()
     return TargetJob(
-        profile=TDA4VM, fp32_path=fp32, target_dir=target_dir, out_dir=tmp_path,
+        profile=profile, fp32_path=fp32, target_dir=target_dir, out_dir=tmp_path,
         calibration=vit["calibration"], evaluation=evaluation,
         reference=onnx_runner(fp32)(evaluation.feeds), bars=bars,
         stage=lambda name, fraction, detail=None: None, latency_runs=2,
@@ -162,9 +186,9 @@ def test_a_file_over_the_bars_tries_the_next_recipe_and_says_which_it_ships(
 ) -> None:
     bars = Bars(DEFAULT_MAX_DRIFT, 1.01)  # no file can meet it: every recipe is tried
     evaluation = vit["evaluation"]  # 300 test samples
-    result = build_onnx_target(job(vit, tmp_path, bars, evaluation))
+    result = build_onnx_target(job(vit, tmp_path, bars, evaluation, LADDERED))
     tried = result.recipes_tried
-    assert [t.recipe for t in tried] == [r.recipe for r in TDA4VM.int8_recipes]
+    assert [t.recipe for t in tried] == [r.recipe for r in LADDERED.int8_recipes]
     assert not any(t.within_bar for t in tried)
     best = max(tried, key=lambda t: (t.agreement, -(t.top1_drop_pts or 0.0)))
     assert result.int8_recipe == best.recipe and result.drift is not None

@@ -45,9 +45,9 @@ def test_a_search_out_of_time_ships_its_first_file_over_the_bar(tmp_path: Path) 
 
 
 def test_bias_correction_stops_between_its_passes_once_the_deadline_passed(vit_onnx) -> None:
-    """A ladder step already started (bias correction: one pass of the calibration data per
-    bias) stops at its next pass when the deadline it watches has passed, before it changed
-    a bias; with time left it corrects them all."""
+    """A ladder step already started (bias correction: one bias after another) stops before its
+    next bias when the deadline it watches has passed, before it changed a bias; with time
+    left it corrects them all."""
     cpu = PROFILES["cpu"]
     fp32_path = vit_onnx["fp32"]["cpu"]
     quantized = vit_onnx["dir"] / "cpu_int8.onnx"

@@ -1,0 +1,150 @@
+"""Run an ONNX graph piece by piece over a fixed set of samples, keeping between the pieces only
+the tensors a later piece reads.
+
+Why: a search that decides one constant of the graph at a time, in graph order, each decision
+measured with every earlier one applied (``quant.bias_correction``: one int32 bias after the
+other), would otherwise run the whole graph once per decision: 73 passes over the calibration
+data for BERT-base. Walked in order, a piece ends at the tensor the next decision measures and
+the next piece starts by re-running that tensor's node, so a constant changed in between (the
+bias just corrected) reaches everything downstream; each node runs once, or twice where a
+decision is measured. Each piece is a model of its own, built when it runs, so it reads the
+constants as they are then.
+
+The arithmetic is the graph's as written (graph optimizations off), the same kernels on the
+same inputs as one run of the whole model: a tensor measured here is the one the whole model
+computes with the same constants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from .data import Samples, feed_for
+
+
+def static_batch(model: onnx.ModelProto) -> int | None:
+    """The fixed batch size of the inputs (they share it), or None when it is dynamic."""
+    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    return dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
+
+
+def reads(node: onnx.NodeProto) -> Iterator[str]:
+    """Every tensor ``node`` reads: its inputs, and the outer tensors its subgraphs read."""
+    yield from (name for name in node.input if name)
+    for attribute in node.attribute:
+        for graph in [attribute.g, *attribute.graphs]:
+            for inner in graph.node:
+                yield from reads(inner)
+
+
+def constant_tensors(graph: onnx.GraphProto) -> set[str]:
+    """The initializers and every node output computed from them alone (a weight's or a bias's
+    DequantizeLinear): what a piece recomputes instead of carrying over."""
+    constants = {init.name for init in graph.initializer}
+    for node in graph.node:
+        if all(name in constants for name in reads(node)):
+            constants.update(node.output)
+    return constants
+
+
+class GraphWalk:
+    """``model`` run over ``samples`` in batches of ``batch`` (``pad``: the last one filled up
+    with copies of its last row, for a model whose batch is fixed), one piece at a time.
+
+    ``advance_to(tensor)`` runs the nodes up to the one computing ``tensor`` and returns it, one
+    array per batch; ``batches`` says how many rows each was fed and how many are samples. The
+    next piece starts at that node again: change its constants in ``model`` in between (in
+    place) and the change reaches everything after it. Tensors advanced to must come in graph
+    order. Between pieces the walk holds, for every sample at once, the tensors a later node
+    reads (for a Transformer: the residual stream and the next Linear's input)."""
+
+    def __init__(self, model: onnx.ModelProto, samples: Samples, batch: int, *, pad: bool) -> None:
+        self.model = model
+        constants = constant_tensors(model.graph)
+        self.nodes = [
+            node for node in model.graph.node if not all(name in constants for name in reads(node))
+        ]
+        self.constant_producers = {
+            out: node for node in model.graph.node for out in node.output if out in constants
+        }
+        self.producer = {out: index for index, node in enumerate(self.nodes) for out in node.output}
+        self.last_read: dict[str, int] = {}  # tensor -> the last node that reads it
+        for index, node in enumerate(self.nodes):
+            for name in reads(node):
+                self.last_read[name] = index
+        names = [value.name for value in model.graph.input if value.name not in constants]
+        self.live = [feed_for(names, chunk) for chunk in samples.batches(batch, pad=pad)]
+        # (rows fed, of which samples) per batch: the rest of a padded one repeats its last row
+        self.batches = [
+            (len(next(iter(feeds.values()))), min(batch, len(samples) - start))
+            for start, feeds in zip(range(0, len(samples), batch), self.live, strict=True)
+        ]
+        self.start = 0  # the first node of the next piece
+
+    def advance_to(self, tensor: str) -> list[np.ndarray]:
+        end = self.producer[tensor]
+        if end < self.start:
+            raise ValueError(f"{tensor} is computed before where the walk stands: not in order")
+        piece = self.nodes[self.start : end + 1]
+        # kept for later pieces: what they read; the node at ``end`` runs again first, so its
+        # inputs are kept and its outputs are not
+        recomputed = set(self.nodes[end].output)
+        produced = [
+            out
+            for node in piece
+            for out in node.output
+            if out not in recomputed and self.last_read.get(out, -1) >= end
+        ]
+        session = self.session(piece, set(self.live[0]), [tensor, *produced])
+        inputs = [value.name for value in session.get_inputs()]
+        values = []
+        for index, live in enumerate(self.live):
+            measured, *outputs = session.run([tensor, *produced], {n: live[n] for n in inputs})
+            values.append(measured)
+            kept = {n: value for n, value in live.items() if self.last_read.get(n, -1) >= end}
+            self.live[index] = kept | dict(zip(produced, outputs, strict=True))
+        self.start = end
+        return values
+
+    def session(
+        self, piece: list[onnx.NodeProto], carried: set[str], outputs: list[str]
+    ) -> ort.InferenceSession:
+        """A model of ``piece``: the ``carried`` tensors it reads as its inputs (typed as held),
+        the constants it reads computed inside it, ``outputs`` returned."""
+        read = {name for node in piece for name in reads(node)}
+        constant_nodes: dict[int, onnx.NodeProto] = {}  # id -> node, the ones the piece needs
+        pending = list(read - carried)
+        while pending:
+            node = self.constant_producers.get(pending.pop())
+            if node is not None and id(node) not in constant_nodes:
+                constant_nodes[id(node)] = node
+                new = set(reads(node)) - read
+                read |= new
+                pending.extend(new)
+        held = self.live[0]
+        graph = helper.make_graph(
+            [node for node in self.model.graph.node if id(node) in constant_nodes] + piece,
+            "piece",
+            [
+                helper.make_tensor_value_info(
+                    name, helper.np_dtype_to_tensor_dtype(held[name].dtype), None
+                )
+                for name in sorted(carried & read)
+            ],
+            [onnx.ValueInfoProto(name=name) for name in outputs],
+            [init for init in self.model.graph.initializer if init.name in read],
+        )
+        model = helper.make_model(
+            graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version
+        )
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.log_severity_level = 3
+        return ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
