@@ -2,8 +2,9 @@
 trained UN ViT and its own data (random weights hide quantization trouble).
 
 A target whose pure int8 file misses the drift bars tries its next recipe before any 16-bit
-tensor (cpu: biases corrected, then u8 weights in 8 bits; tda4vm: biases corrected), says which
-one the shipped file uses, and keeps the file pure int8 and within the target's rules.
+tensor (cpu: biases corrected, then u8 weights in 8 bits), says which one the shipped file
+uses, and keeps the file pure int8 and within the target's rules. tda4vm corrects its biases in
+its one recipe.
 """
 
 from __future__ import annotations
