@@ -270,6 +270,20 @@ def test_targets_built_two_at_once_make_the_same_files_and_figures(
     assert bool(fallback) == (not pure.within_bar)
 
 
+def test_parallel_builds_start_with_the_longest_and_end_with_those_that_reuse_a_conversion() -> (
+    None
+):
+    """TFLite conversions first, then the power-of-two target, then cpu; imx8mp, which takes
+    imx93's conversion, last; a target given alone or twice the same rank keeps its place."""
+    from quant.pipeline import build_order
+
+    assert build_order(parse_targets("cpu,imx93,imx8mp,tda4vm")) == [
+        "imx93", "tda4vm", "cpu", "imx8mp"
+    ]  # fmt: skip
+    assert build_order(parse_targets("cpu,tda4vm")) == ["tda4vm", "cpu"]
+    assert build_order(parse_targets("imx8mp,cpu,imx93")) == ["imx8mp", "cpu", "imx93"]
+
+
 def test_the_16x8_file_is_made_only_for_the_target_that_runs_it_when_int8_misses(
     tmp_path: Path,
 ) -> None:
