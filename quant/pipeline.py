@@ -162,7 +162,9 @@ def build_rank(profile: TargetProfile) -> int:
     (benchmarks/results/hf_scale.md): a TFLite conversion (onnx2tf, then TensorFlow's
     converter) ~240 s, a power-of-two target (its stream search, bias correction) ~220 s, the
     cpu file ~130 s. Started in the order given (cpu and imx93 first), BERT-base's tda4vm
-    ended the job 142 s after the last other target."""
+    ended the job 142 s after the last other target; longest first, cpu ended it, at the same
+    8.9 min: on 2 cores both are busy throughout, and the order only tells where there are
+    cores to spare (fewer workers than cores, more targets than workers)."""
     if builder_for(profile) == TFLITE_BUILDER:
         return 2
     return 1 if profile.power_of_two_scales else 0
