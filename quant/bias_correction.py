@@ -92,10 +92,10 @@ def correct_biases(model: onnx.ModelProto, fp32: onnx.ModelProto, samples: Sampl
     walk = GraphWalk(model, samples, fixed or BATCH, pad=fixed is not None)
     for site in sites:
         check_deadline()  # a search may stop here, between two biases
-        values = walk.advance_to(site.output)
+        outputs = walk.advance_to(site.output)
         rows = [
-            channel_rows(value, fed, real, site.channel_axis)
-            for value, (fed, real) in zip(values, walk.batches, strict=True)
+            channel_rows(output, fed, real, site.channel_axis)
+            for output, (fed, real) in zip(outputs, walk.batches, strict=True)
         ]
         int8_mean = sum(r.sum(axis=0, dtype=np.float64) for r in rows) / sum(map(len, rows))
         error = int8_mean - fp32_means[site.reference]
