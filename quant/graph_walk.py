@@ -33,6 +33,12 @@ def static_batch(model: onnx.ModelProto) -> int | None:
     return dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
 
 
+def graph_input_names(model: onnx.ModelProto) -> list[str]:
+    """The model's inputs (an initializer listed as an input is a constant, not one)."""
+    constants = {init.name for init in model.graph.initializer}
+    return [value.name for value in model.graph.input if value.name not in constants]
+
+
 def reads(node: onnx.NodeProto) -> Iterator[str]:
     """Every tensor ``node`` reads: its inputs, and the outer tensors its subgraphs read."""
     yield from (name for name in node.input if name)
@@ -77,7 +83,7 @@ class GraphWalk:
         for index, node in enumerate(self.nodes):
             for name in reads(node):
                 self.last_read[name] = index
-        names = [value.name for value in model.graph.input if value.name not in constants]
+        names = graph_input_names(model)
         self.live = [feed_for(names, chunk) for chunk in samples.batches(batch, pad=pad)]
         # (rows fed, of which samples) per batch: the rest of a padded one repeats its last row
         self.batches = [

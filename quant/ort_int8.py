@@ -39,7 +39,7 @@ from onnxruntime.quantization.qdq_loss_debug import (
 
 from .bias_correction import correct_biases
 from .data import Feeds, Samples, feed_for
-from .graph_walk import static_batch
+from .graph_walk import graph_input_names, static_batch
 from .ort_graph import linear_as_gemm
 from .ort_rewrites import apply_ort_rewrites, ort_rewrites, shared_quantization
 from .pow2_record import scale_choices, scales_by_name, write_choices
@@ -214,12 +214,6 @@ class SavedTensors:
 def stream_batch(model: onnx.ModelProto) -> int:
     """How many samples to run at once when every tensor is kept: the static batch, if any."""
     return static_batch(model) or STREAM_BATCH
-
-
-def graph_input_names(model: onnx.ModelProto) -> list[str]:
-    """The model's inputs (an initializer listed as an input is a constant, not one)."""
-    constants = {init.name for init in model.graph.initializer}
-    return [value.name for value in model.graph.input if value.name not in constants]
 
 
 def power_of_two_ceil(scale: np.ndarray) -> np.ndarray:
