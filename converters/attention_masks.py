@@ -31,6 +31,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from .shape_inference import infer_graph_shapes
+
 MASK_PENALTY = -30.0
 MASKED_AT_MOST = -1e4  # an additive mask value at or below this masks its key
 PATTERN_SEQUENCES = 6  # padding patterns tried per batch row when checking a mask
@@ -93,7 +95,7 @@ def bound_attention_masks(model: onnx.ModelProto) -> AttentionRewrites:
         if kind == "bounded":  # already a small penalty (edge_un's own text models): fine
             continue
         canonical = kind == "padding"
-        new = _canonical_mask(graph, mask, source) if canonical else _bounded_mask(graph, mask)
+        new = _canonical_mask(model, mask, source) if canonical else _bounded_mask(graph, mask)
         _redirect(graph, mask, new, skip_producer_of=new)
         rewrites.append(MaskRewrite(mask, source, canonical))
     guards = _drop_nan_guards(graph)
@@ -285,8 +287,8 @@ def _scalar(graph: onnx.GraphProto, base: str, value: np.ndarray) -> str:
     return name
 
 
-def _mask_rank(graph: onnx.GraphProto, mask: str) -> int:
-    inferred = onnx.shape_inference.infer_shapes(onnx.helper.make_model(graph))
+def _mask_rank(model: onnx.ModelProto, mask: str) -> int:
+    inferred = infer_graph_shapes(model.graph, model)
     for value in inferred.graph.value_info:
         if value.name == mask and value.type.tensor_type.HasField("shape"):
             return len(value.type.tensor_type.shape.dim)
@@ -300,9 +302,10 @@ def _insert_after(graph: onnx.GraphProto, mask: str, nodes: list[onnx.NodeProto]
         graph.node.insert(position + offset, node)
 
 
-def _canonical_mask(graph: onnx.GraphProto, mask: str, source: str) -> str:
+def _canonical_mask(model: onnx.ModelProto, mask: str, source: str) -> str:
     """``Where(source == 0, MASK_PENALTY, 0)``, shaped (batch, 1, ..., keys) like ``mask``."""
-    rank = _mask_rank(graph, mask)
+    graph = model.graph
+    rank = _mask_rank(model, mask)
     zero = _scalar(graph, f"{source}_pad_id", np.array(0, dtype=_dtype_of(graph, source)))
     axes = _scalar(graph, f"{source}_mask_axes", np.arange(1, rank - 1, dtype=np.int64))
     penalty = _scalar(graph, "mask_penalty", np.array(MASK_PENALTY, np.float32))

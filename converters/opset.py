@@ -20,6 +20,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from .errors import OpsetError, root_cause
 from .onnx_rewrites import GELU_OPSET, gelu_for_opset
+from .shape_inference import infer_shapes
 
 # Reduce ops whose ``axes`` moved from attribute to input in opset 18 (ReduceSum moved in 13).
 REDUCE_AXES_MOVED = {
@@ -157,4 +158,4 @@ def with_static_batch(
                     dim.Clear()
                     dim.dim_value = int(size)
     del proto.graph.value_info[:]
-    return onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    return infer_shapes(proto, data_prop=True)

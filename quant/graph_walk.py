@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from .data import Samples, feed_for
 
@@ -121,20 +121,11 @@ class GraphWalk:
         self, piece: list[onnx.NodeProto], carried: set[str], outputs: list[str]
     ) -> ort.InferenceSession:
         """A model of ``piece``: the ``carried`` tensors it reads as its inputs (typed as held),
-        the constants it reads computed inside it, ``outputs`` returned."""
+        the constants it reads as its initializers (computed now), ``outputs`` returned."""
         read = {name for node in piece for name in reads(node)}
-        constant_nodes: dict[int, onnx.NodeProto] = {}  # id -> node, the ones the piece needs
-        pending = list(read - carried)
-        while pending:
-            node = self.constant_producers.get(pending.pop())
-            if node is not None and id(node) not in constant_nodes:
-                constant_nodes[id(node)] = node
-                new = set(reads(node)) - read
-                read |= new
-                pending.extend(new)
         held = self.live[0]
         graph = helper.make_graph(
-            [node for node in self.model.graph.node if id(node) in constant_nodes] + piece,
+            piece,
             "piece",
             [
                 helper.make_tensor_value_info(
@@ -143,8 +134,45 @@ class GraphWalk:
                 for name in sorted(carried & read)
             ],
             [onnx.ValueInfoProto(name=name) for name in outputs],
-            [init for init in self.model.graph.initializer if init.name in read],
+            self.constants(read - carried),
         )
+        return self.inference_session(graph)
+
+    def constants(self, names: set[str]) -> list[onnx.TensorProto]:
+        """The constant tensors among ``names`` as they are now: an initializer as it is, a
+        constant node's output (a weight's DequantizeLinear) computed once by the same kernel.
+        Why once here: with a batch of 1 a piece would otherwise dequantize each weight once per
+        sample, as much work again as the piece's own."""
+        initializers = {init.name: init for init in self.model.graph.initializer}
+        computed = sorted(name for name in names if name in self.constant_producers)
+        found = [initializers[name] for name in sorted(names) if name in initializers]
+        if not computed:
+            return found
+        nodes: dict[int, onnx.NodeProto] = {}  # id -> node: the constant nodes they need
+        read: set[str] = set()
+        pending = list(computed)
+        while pending:
+            node = self.constant_producers.get(pending.pop())
+            if node is not None and id(node) not in nodes:
+                nodes[id(node)] = node
+                new = set(reads(node)) - read
+                read |= new
+                pending.extend(new)
+        graph = helper.make_graph(
+            [node for node in self.model.graph.node if id(node) in nodes],
+            "constants",
+            [],
+            [onnx.ValueInfoProto(name=name) for name in computed],
+            [initializers[name] for name in sorted(read) if name in initializers],
+        )
+        values = self.inference_session(graph).run(computed, {})
+        return found + [
+            numpy_helper.from_array(value, name)
+            for name, value in zip(computed, values, strict=True)
+        ]
+
+    def inference_session(self, graph: onnx.GraphProto) -> ort.InferenceSession:
+        """``graph`` as a session of the graph's arithmetic as written (optimizations off)."""
         model = helper.make_model(
             graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version
         )
