@@ -7,7 +7,6 @@ import contextlib
 import io
 import logging
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from torch.utils import _pytree as pytree
 
 from .edge_rewrites import for_edge_runtimes
 from .errors import ConversionError, OpsetError, root_cause
+from .log_levels import loggers_at
 from .onnx_rewrites import rewrite_model
 from .opset import downgrade_to_opset17
 from .reexport import prepare_for_reexport
@@ -117,7 +117,7 @@ def trace_to_onnx(
     try:
         with (
             contextlib.redirect_stdout(quiet),
-            _loggers_at(logging.ERROR, EXPORTER_LOGGERS),
+            loggers_at(logging.ERROR),
             warnings.catch_warnings(),  # its notes on axis names are not the user's concern
         ):
             warnings.simplefilter("ignore", UserWarning)
@@ -137,23 +137,6 @@ def trace_to_onnx(
             model.train()  # type: ignore[union-attr]
     assert program is not None
     return program.model_proto
-
-
-EXPORTER_LOGGERS = ("torch.onnx", "onnxscript")
-
-
-@contextlib.contextmanager
-def _loggers_at(level: int, names: tuple[str, ...]) -> Iterator[None]:
-    """Temporarily raise the level of the exporter's loggers (they log expected fallbacks)."""
-    loggers = [logging.getLogger(name) for name in names]
-    saved = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(level)
-    try:
-        yield
-    finally:
-        for logger, old in zip(loggers, saved, strict=True):
-            logger.setLevel(old)
 
 
 def _is_batch_one(value: Any) -> bool:

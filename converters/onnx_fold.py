@@ -14,6 +14,7 @@ the torch route does; constant folding then runs again. External data is read wi
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from .edge_rewrites import for_edge_runtimes
 from .errors import OnlineNormError
 from .fold_report import FoldReport
 from .fold_rules import fold_all
+from .log_levels import loggers_at
 from .onnx_fold_graph import OnnxFoldGraph
 from .onnx_load import load_onnx
 from .onnx_rewrites import constant, constant_lookups, is_default_op
@@ -47,7 +49,10 @@ def fold_onnx(
     source = Path(model).name if isinstance(model, (str, Path)) else "ONNX model"
     proto = load_onnx(model) if isinstance(model, (str, Path)) else model
     ir_model = ir.from_proto(proto)
-    onnxscript.optimizer.fold_constants(ir_model, should_fold=_keep_table_lookups)
+    # onnxscript logs each node its evaluator cannot fold ("Evaluation failed: cannot reshape
+    # ..."); such a node stays as it is, which the fold handles
+    with loggers_at(logging.ERROR):
+        onnxscript.optimizer.fold_constants(ir_model, should_fold=_keep_table_lookups)
     RemoveUnusedNodesPass()(ir_model)
     ShapeInferencePass()(ir_model)
     graph = ir_model.graph

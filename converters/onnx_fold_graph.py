@@ -368,4 +368,5 @@ def _attribute(node: ir.Node, name: str, default: float) -> Any:
 
 
 def _tensor(array: np.ndarray | None) -> torch.Tensor | None:
-    return None if array is None else torch.from_numpy(np.ascontiguousarray(array))
+    """A copy: the graph's constants are read-only arrays, which torch would warn about."""
+    return None if array is None else torch.tensor(array)
