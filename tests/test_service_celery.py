@@ -93,6 +93,8 @@ def running_on(server: LiveServer, count: int, timeout: float = 120) -> set[int]
         time.sleep(0.2)
 
 
+# 2.5 min of the default suite's 23 on 2 cores: slow, and `.ci/run` runs it besides the suite
+@pytest.mark.slow
 def test_ten_conversions_from_five_clients_on_two_workers(held_cluster):
     cluster, hold = held_cluster
     secrets = [cluster.token(f"client-{i}") for i in range(CLIENTS)]
