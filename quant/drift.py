@@ -22,6 +22,7 @@ import onnxruntime as ort
 from onnxruntime.quantization.qdq_loss_debug import create_activation_matching
 
 from .data import Samples, as_feeds, feed_for, padded
+from .exact import exact_session, with_constants_computed
 from .graph_walk import static_batch
 from .ort_int8 import SavedTensors, stream_batch
 from .targets import Bars
@@ -95,12 +96,14 @@ def onnx_runner(path: Path, threads: int = 0, *, exact: bool = False) -> Runner:
     scales, ~1e-7 relative, far below one int8 step): what an integer kernel that does not
     saturate computes, on any host. Without ``exact`` the host's int8 kernels run, and on x86
     without VNNI they can saturate (see quant.host)."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3
-    if exact:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    if exact:  # its constants (the weights' DequantizeLinear) computed once, not per run
+        model = with_constants_computed(onnx.load(str(path))).SerializeToString()
+        session = exact_session(model, threads=threads)
+    else:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.log_severity_level = 3
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [value.name for value in session.get_inputs()]
     first = session.get_inputs()[0]
     static = isinstance(first.shape[0], int)  # a file exported with a fixed batch runs at it

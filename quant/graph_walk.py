@@ -17,14 +17,13 @@ computes with the same constants.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from .data import Samples, feed_for
+from .exact import computed_constants, constant_tensors, exact_session, reads
 
 
 def static_batch(model: onnx.ModelProto) -> int | None:
@@ -37,25 +36,6 @@ def graph_input_names(model: onnx.ModelProto) -> list[str]:
     """The model's inputs (an initializer listed as an input is a constant, not one)."""
     constants = {init.name for init in model.graph.initializer}
     return [value.name for value in model.graph.input if value.name not in constants]
-
-
-def reads(node: onnx.NodeProto) -> Iterator[str]:
-    """Every tensor ``node`` reads: its inputs, and the outer tensors its subgraphs read."""
-    yield from (name for name in node.input if name)
-    for attribute in node.attribute:
-        for graph in [attribute.g, *attribute.graphs]:
-            for inner in graph.node:
-                yield from reads(inner)
-
-
-def constant_tensors(graph: onnx.GraphProto) -> set[str]:
-    """The initializers and every node output computed from them alone (a weight's or a bias's
-    DequantizeLinear): what a piece recomputes instead of carrying over."""
-    constants = {init.name for init in graph.initializer}
-    for node in graph.node:
-        if all(name in constants for name in reads(node)):
-            constants.update(node.output)
-    return constants
 
 
 class GraphWalk:
@@ -75,9 +55,6 @@ class GraphWalk:
         self.nodes = [
             node for node in model.graph.node if not all(name in constants for name in reads(node))
         ]
-        self.constant_producers = {
-            out: node for node in model.graph.node for out in node.output if out in constants
-        }
         self.producer = {out: index for index, node in enumerate(self.nodes) for out in node.output}
         self.last_read: dict[str, int] = {}  # tensor -> the last node that reads it
         for index, node in enumerate(self.nodes):
@@ -121,7 +98,8 @@ class GraphWalk:
         self, piece: list[onnx.NodeProto], carried: set[str], outputs: list[str]
     ) -> ort.InferenceSession:
         """A model of ``piece``: the ``carried`` tensors it reads as its inputs (typed as held),
-        the constants it reads as its initializers (computed now), ``outputs`` returned."""
+        the constants it reads as its initializers (computed now, once: with a batch of 1 a piece
+        would otherwise dequantize each weight once per sample), ``outputs`` returned."""
         read = {name for node in piece for name in reads(node)}
         held = self.live[0]
         graph = helper.make_graph(
@@ -134,51 +112,6 @@ class GraphWalk:
                 for name in sorted(carried & read)
             ],
             [onnx.ValueInfoProto(name=name) for name in outputs],
-            self.constants(read - carried),
+            computed_constants(self.model, read - carried),
         )
-        return self.inference_session(graph)
-
-    def constants(self, names: set[str]) -> list[onnx.TensorProto]:
-        """The constant tensors among ``names`` as they are now: an initializer as it is, a
-        constant node's output (a weight's DequantizeLinear) computed once by the same kernel.
-        Why once here: with a batch of 1 a piece would otherwise dequantize each weight once per
-        sample, as much work again as the piece's own."""
-        initializers = {init.name: init for init in self.model.graph.initializer}
-        computed = sorted(name for name in names if name in self.constant_producers)
-        found = [initializers[name] for name in sorted(names) if name in initializers]
-        if not computed:
-            return found
-        nodes: dict[int, onnx.NodeProto] = {}  # id -> node: the constant nodes they need
-        read: set[str] = set()
-        pending = list(computed)
-        while pending:
-            node = self.constant_producers.get(pending.pop())
-            if node is not None and id(node) not in nodes:
-                nodes[id(node)] = node
-                new = set(reads(node)) - read
-                read |= new
-                pending.extend(new)
-        graph = helper.make_graph(
-            [node for node in self.model.graph.node if id(node) in nodes],
-            "constants",
-            [],
-            [onnx.ValueInfoProto(name=name) for name in computed],
-            [initializers[name] for name in sorted(read) if name in initializers],
-        )
-        values = self.inference_session(graph).run(computed, {})
-        return found + [
-            numpy_helper.from_array(value, name)
-            for name, value in zip(computed, values, strict=True)
-        ]
-
-    def inference_session(self, graph: onnx.GraphProto) -> ort.InferenceSession:
-        """``graph`` as a session of the graph's arithmetic as written (optimizations off)."""
-        model = helper.make_model(
-            graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version
-        )
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.log_severity_level = 3
-        return ort.InferenceSession(
-            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+        return exact_session(graph, self.model)

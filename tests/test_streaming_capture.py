@@ -147,6 +147,27 @@ def test_power_of_two_choice_sums_the_errors_of_every_batch(mlp: dict) -> None:
         assert best(part, checked["x"]) == 2 * float(chosen["x_scale"])
 
 
+@pytest.mark.parametrize("shape", [(), (3,), (2, 64, 48)])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_squared_error_in_float32_is_the_float64_sum(shape: tuple, per_channel: bool) -> None:
+    """An activation's candidate errors are computed in float32 (quant.ort_int8.squared_error):
+    the same sums as in float64 to float32's rounding of the last subtraction, per channel too,
+    and for a tensor of one value."""
+    rng = np.random.default_rng(1)
+    real = (3 * rng.standard_normal(shape)).astype(np.float32)
+    channels = shape[-1] if per_channel and shape else 1
+    scale = np.exp2(rng.integers(-6, -2, channels)).reshape((1,) * (len(shape) - 1) + (-1,))
+    scale = scale.reshape(()) if not per_channel or not shape else scale
+    zero_point = np.zeros((), np.float64)
+    info = np.iinfo(np.int8)
+    quantized = np.clip(np.round(real.astype(np.float64) / scale), info.min, info.max)
+    axes = tuple(i for i in range(real.ndim) if scale.ndim == 0 or scale.shape[i] == 1)
+    exact = np.square(quantized * scale - real).sum(axis=axes, keepdims=True)
+    found = ort_int8.squared_error(real, scale, zero_point, np.dtype(np.int8))
+    assert found.shape == exact.shape and found.dtype == np.float64
+    np.testing.assert_allclose(found, exact, rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("reference", "actual", "expected"),
     [
