@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.hf_scale                # ~40 min on 2 cores
     .venv/bin/python -m benchmarks.hf_scale --report-only  # Markdown and plot from the JSON
     EDGE_UN_BENCH_MODELS=vit-b16 .venv/bin/python -m benchmarks.hf_scale  # one model again
+    EDGE_UN_BENCH_BARS=on .venv/bin/python -m benchmarks.hf_scale  # + a run with the bars on
 
 Run for a subset, the other models keep their committed entries; each entry names the commit
 that measured it.
@@ -19,6 +20,13 @@ time ``EDGE_UN_JOB_TIMEOUT_S`` (``service.settings``). Each conversion runs in
 callback, peak RSS of the process tree sampled every 0.2 s. Each model is converted twice: its
 targets built one at a time (the stage table), then ``PARALLEL`` at once (``edge-un convert
 --parallel``; the same files, each target's span instead of stages).
+
+With ``EDGE_UN_BENCH_BARS=on`` each model is converted once more instead, ``PARALLEL`` at once,
+with the pipeline's default drift bars and the time budget the service gives a job's builds
+(``EDGE_UN_JOB_TIMEOUT_S`` less the share kept for the report): random weights miss the bars,
+so every target climbs its int8 ladder and its 16-bit fallback until the budget stops the
+search and ships the best file measured so far (``over_bar``). That run is added to the
+committed entries, which keep theirs (a run with the bars off replaces a model's entry).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ import edge_un
 from benchmarks.results_main import RESULTS, ROOT, benchmark_main, save_figure
 from quant.host import describe_host
 from service.settings import Settings
+from service.worker.steps import REPORT_RESERVE
 
 NAME = "hf_scale"
 STAGES = [sys.executable, "-m", "benchmarks.latency_stages"]  # one conversion, timed
@@ -56,6 +65,8 @@ CALIBRATION, EVALUATION = 64, 100  # the pipeline's minimum for evaluation is 10
 NO_BARS = ["--max-drift", "100", "--min-agreement", "0"]
 SEQUENCE = 128
 PARALLEL = 2  # targets at once in the second conversion: one per core here
+BARS_ON = os.environ.get("EDGE_UN_BENCH_BARS") == "on"
+BARS_ON_RUN = f"{PARALLEL}, bars on"  # the key of that run in a model's runs
 
 
 def bert_base() -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
@@ -103,11 +114,20 @@ def prepare(name: str, work: Path) -> tuple[Path, Path, Path, int]:
 
 
 def convert(
-    onnx_path: Path, calib: Path, evaluation: Path, work: Path, settings: Settings, parallel: int
+    onnx_path: Path,
+    calib: Path,
+    evaluation: Path,
+    work: Path,
+    settings: Settings,
+    parallel: int,
+    budget_s: float | None = None,
 ) -> dict:
-    """One conversion, all targets, ``parallel`` at once, under the service's job limits."""
-    result = work / f"{onnx_path.stem}-{parallel}-stages.json"
+    """One conversion, all targets, ``parallel`` at once, under the service's job limits; the
+    drift bars off, or (``budget_s``: the builds' time budget) the pipeline's own."""
+    tag = f"{onnx_path.stem}-{parallel}{'' if budget_s is None else '-bars'}"
+    result = work / f"{tag}-stages.json"
     limit = settings.job_memory_mb * 1024 * 1024
+    bars = NO_BARS if budget_s is None else ["--budget-s", str(budget_s)]
 
     def limits() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -115,8 +135,8 @@ def convert(
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            [*STAGES, str(onnx_path), str(work / f"{onnx_path.stem}-{parallel}-out"), str(result),
-             "--calib", str(calib), "--eval", str(evaluation), *NO_BARS,
+            [*STAGES, str(onnx_path), str(work / f"{tag}-out"), str(result),
+             "--calib", str(calib), "--eval", str(evaluation), *bars,
              "--parallel", str(parallel)],
             preexec_fn=limits, capture_output=True, text=True, timeout=settings.job_timeout_s,
         )  # fmt: skip
@@ -141,21 +161,34 @@ def run() -> dict[str, Any]:
         "models": {},
     }
     committed = RESULTS / f"{NAME}.json"
-    if ONLY and committed.exists():  # the models not run again keep their measured entries
-        kept = json.loads(committed.read_text())["models"]
-        results["models"] = {name: entry for name, entry in kept.items() if name not in ONLY}
+    if (ONLY or BARS_ON) and committed.exists():  # what is not run again keeps its entries
+        kept = json.loads(committed.read_text())
+        results["models"] = {n: e for n, e in kept["models"].items() if BARS_ON or n not in ONLY}
+        if BARS_ON:  # the limits the kept runs had; the bars-on run records its own
+            results["limits"] = kept["limits"]
+    commit = subprocess.check_output(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True
+    ).strip()
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         for name in [m for m in MODELS if m in ONLY] if ONLY else MODELS:
             print(f"{name}: export", flush=True)
             onnx_path, calib, evaluation, parameters = prepare(name, work)
             files = [onnx_path, onnx_path.with_name(onnx_path.name + ".data")]
+            if BARS_ON:
+                budget = settings.job_timeout_s * (1 - REPORT_RESERVE)  # the service's
+                print(f"{name}: convert, bars on, {budget:.0f} s budget", flush=True)
+                run = convert(onnx_path, calib, evaluation, work, settings, PARALLEL, budget)
+                run.update(commit=commit, budget_s=budget, job_timeout_s=settings.job_timeout_s)
+                entry = results["models"].setdefault(name, {"runs": {}})
+                entry.update(parameters=parameters, onnx_mb=_size_mb(files))
+                entry["runs"][BARS_ON_RUN] = run
+                print(f"{name}: {run.get('wall_s', 0):.0f} s, {run.get('error', 'ok')}", flush=True)
+                continue
             entry: dict[str, Any] = {
                 "parameters": parameters,
-                "onnx_mb": sum(f.stat().st_size for f in files if f.exists()) / 2**20,
-                "commit": subprocess.check_output(
-                    ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True
-                ).strip(),
+                "onnx_mb": _size_mb(files),
+                "commit": commit,
                 "runs": {},
             }
             for parallel in (1, PARALLEL):
@@ -192,21 +225,38 @@ def markdown(results: dict[str, Any]) -> str:
     for name, entry in results["models"].items():
         for parallel, run in entry["runs"].items():
             head = (
-                f"| {name} | {entry.get('commit', '-')} | {entry['parameters']:,} | "
-                f"{entry['onnx_mb']:.0f} | {parallel} |"
+                f"| {name} | {run.get('commit', entry.get('commit', '-'))} | "
+                f"{entry['parameters']:,} | {entry['onnx_mb']:.0f} | {parallel} |"
             )
             if "error" in run:
                 lines.append(f"{head} - | - | - | - | - | failed: {run['error']} |")
                 continue
-            statuses = ", ".join(
-                f"{t}: {v['status']}" + (f" ({v['error']})" if v["error"] else "")
-                for t, v in run["targets"].items()
-            )
+            statuses = ", ".join(_status(t, v) for t, v in run["targets"].items())
             lines.append(
                 f"{head} {run['wall_s'] / 60:.1f} min | {_mb(run.get('peak_tree_rss_mb'))} | "
                 f"{_mb(run.get('peak_child_rss_mb'))} | {_mb(run.get('peak_rss_mb'))} | "
                 f"{_mb(run.get('peak_address_space_mb'))} | {statuses} |"
             )
+    bars_on = [
+        (n, e["runs"][BARS_ON_RUN])
+        for n, e in results["models"].items()
+        if BARS_ON_RUN in e["runs"]
+    ]
+    if bars_on:
+        budgets = ", ".join(
+            f"{n}: {r['budget_s']:.0f} s of a {r['job_timeout_s']} s job limit"
+            for n, r in bars_on
+            if "budget_s" in r
+        )
+        lines += [
+            "",
+            f"The `{BARS_ON_RUN}` rows (`EDGE_UN_BENCH_BARS=on`): {PARALLEL} targets at once "
+            "with the pipeline's default drift bars and the time budget the service gives a "
+            f"job's builds ({budgets}: the limit less the share kept for the report). "
+            "Random weights miss the bars, so each target climbs its int8 ladder and its "
+            "16-bit fallback until the budget stops the search and ships the best file measured "
+            "so far (`over_bar`, its agreement, the recipes and fallback steps measured).",
+        ]
     lines += ["", "## Stage times, one target at a time (s)", ""]
     for name, entry in results["models"].items():
         run = entry["runs"].get("1", {})
@@ -232,6 +282,29 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _run_label(key: str) -> str:
+    """A run's key ("1", "2", "2, bars on") as the plot's lanes name it."""
+    return f"{PARALLEL} at once, bars on" if key == BARS_ON_RUN else f"{key} at once"
+
+
+def _status(target: str, run: dict[str, Any]) -> str:
+    """A target's outcome in one run: its status, why it failed, or for a file shipped over
+    the bars its agreement and the recipes and fallback steps measured before."""
+    said = f"{target}: {run['status']}"
+    if run["error"]:
+        return f"{said} ({run['error']})"
+    if run["status"] == "over_bar" and run.get("agreement") is not None:
+        return (
+            f"{said} ({100 * run['agreement']:.1f} %, {run.get('recipes_tried', 1)} recipe(s), "
+            f"{run['excluded_steps']} fallback step(s))"
+        )
+    return said
+
+
+def _size_mb(files: list[Path]) -> float:
+    return sum(f.stat().st_size for f in files if f.exists()) / 2**20
+
+
 def _mb(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} MB"  # not measured before it was recorded
 
@@ -248,7 +321,7 @@ def plot(results: dict[str, Any]) -> None:
         for run_index, (parallel, run) in enumerate(results["models"][name]["runs"].items()):
             for target, (first, last) in run.get("target_spans_s", {}).items():
                 axis.barh(len(labels), last - first, left=first, color=f"C{run_index}")
-                labels.append(f"{parallel} at once: {target}")
+                labels.append(f"{_run_label(parallel)}: {target}")
             axis.axvline(run["wall_s"], color=f"C{run_index}", linestyle="--", linewidth=1)
         axis.set_yticks(range(len(labels)), labels)
         axis.invert_yaxis()

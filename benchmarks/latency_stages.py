@@ -1,7 +1,7 @@
 """One ``quant.pipeline.convert`` run, timed stage by stage, in a process of its own.
 
     python -m benchmarks.latency_stages MODEL OUT_DIR RESULT.json [--calib F --eval F
-        --max-drift X --min-agreement Y --targets T --parallel N]
+        --max-drift X --min-agreement Y --targets T --parallel N --budget-s S]
 
 Stage wall times are the time between successive ``progress(event)`` calls (a stage lasts until
 the next one starts), each stage named by its event's ``label`` (``cpu: quantize (ONNX
@@ -10,6 +10,8 @@ LiteRT; VmHWM), the largest RSS of any one tool subprocess (onnx2tf, TensorFlow'
 Vela) and of the whole process tree (what the machine had to hold at once), both sampled every
 0.2 s with psutil; and the largest address space any one process of the tree reached (its
 VmPeak, read at each sample), which is what the service's ``EDGE_UN_JOB_MEMORY_MB`` caps.
+``--budget-s``: the targets' builds must end that many seconds after the start (the service's
+job deadline): a search for a file within the bars ships its best file when time runs out.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def main() -> None:
     parser.add_argument("--max-drift", type=float)
     parser.add_argument("--min-agreement", type=float)
     parser.add_argument("--parallel", type=int, default=1, help="targets built at once")
+    parser.add_argument("--budget-s", type=float, help="seconds the builds may take in all")
     args = parser.parse_args()
 
     peak = {"tree": 0, "child": 0, "address_space": 0}
@@ -85,6 +88,7 @@ def main() -> None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     start = time.perf_counter()
+    deadline = None if args.budget_s is None else time.time() + args.budget_s
     events: list[tuple[str, float]] = []
     spans: dict[str, list[float]] = {}  # each target's first and last event
 
@@ -107,6 +111,7 @@ def main() -> None:
         out_dir=args.out_dir,
         progress=progress,
         parallel=args.parallel,
+        deadline=deadline,
         **{name: value for name, value in bars.items() if value is not None},
     )
     total = time.perf_counter() - start
@@ -135,6 +140,9 @@ def main() -> None:
                 "error": target.error,
                 "excluded_steps": len(target.excluded),
                 "int16_tensors": len(target.int16_tensors),
+                "recipes_tried": len(target.recipes_tried),
+                "agreement": None if target.drift is None else target.drift.agreement,
+                "warnings": target.warnings,
             }
             for name, target in report.targets.items()
         },
