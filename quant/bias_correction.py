@@ -73,20 +73,26 @@ def bias_sites(model: onnx.ModelProto, fp32_tensors: set[str]) -> list[BiasSite]
     return sites
 
 
-def correct_biases(model: onnx.ModelProto, fp32: onnx.ModelProto, samples: Samples) -> int:
+def correct_biases(
+    model: onnx.ModelProto,
+    fp32: onnx.ModelProto,
+    samples: Samples,
+    fp32_means: Mapping[str, np.ndarray] | None = None,
+) -> int:
     """Correct, in place, every int32 bias of the QDQ ``model`` (``bias_sites``) by its output
     channel's mean error against ``fp32`` (the graph it was quantized from) on ``samples``;
     returns how many biases were corrected. One pass of the fp32 model, then one walk through
     the int8 model (``quant.graph_walk``): each bias is measured where the walk reaches its
     output, with every bias before it corrected, in the exact arithmetic (graph optimizations
-    off, as the drift is measured). Raises quant.deadline.SearchStopped between two biases once
-    a watched deadline passed."""
-    tensors = {out for node in fp32.graph.node for out in node.output}
-    sites = bias_sites(model, tensors)
+    off, as the drift is measured). ``fp32_means``: the fp32 means (``mean_sites``) a pass
+    of the caller's over the same ``samples`` already took; the pass here measures the rest.
+    Raises quant.deadline.SearchStopped between two biases once a watched deadline passed."""
+    sites = bias_sites(model, fp32_tensors(fp32))
     if not sites:
         return 0
-    targets = {site.reference: site.channel_axis for site in sites}
-    fp32_means = channel_means(fp32, targets, samples)
+    known = dict(fp32_means or {})
+    missing = {s.reference: s.channel_axis for s in sites if s.reference not in known}
+    fp32_means = known | (channel_means(fp32, missing, samples) if missing else {})
     initializers = {init.name: init for init in model.graph.initializer}
     fixed = static_batch(model)
     walk = GraphWalk(model, samples, fixed or BATCH, pad=fixed is not None)
@@ -106,6 +112,39 @@ def correct_biases(model: onnx.ModelProto, fp32: onnx.ModelProto, samples: Sampl
         corrected = np.clip(np.round(values - error / scale), info.min, info.max)
         bias.CopyFrom(numpy_helper.from_array(corrected.astype(np.int32), site.bias))
     return len(sites)
+
+
+def fp32_tensors(model: onnx.ModelProto) -> set[str]:
+    """The tensors the nodes of ``model`` compute, which a bias site's reference must be."""
+    return {out for node in model.graph.node for out in node.output}
+
+
+def mean_sites(model: onnx.ModelProto, fp32: set[str]) -> dict[str, tuple[int, int]]:
+    """The fp32 tensors whose channel means ``correct_biases`` of the QDQ ``model`` needs (its
+    ``bias_sites`` in ``fp32``, the tensors of the graph it was quantized from), each with its
+    channel axis and channel count (its bias's length): what a caller's own pass over the same
+    samples measures (``ChannelSums``) to hand them over, even from flattened tensors."""
+    initializers = {init.name: init for init in model.graph.initializer}
+    return {
+        site.reference: (site.channel_axis, int(initializers[site.bias].dims[0]))
+        for site in bias_sites(model, fp32)
+    }
+
+
+class ChannelSums:
+    """A pass's per-channel sums of tensors (float64), batch by batch, for their means."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, np.ndarray] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, name: str, rows: np.ndarray) -> None:
+        """``rows``: one batch of the tensor as (positions, channels) (``channel_rows``)."""
+        self.sums[name] = self.sums.get(name, 0.0) + rows.sum(axis=0, dtype=np.float64)
+        self.counts[name] = self.counts.get(name, 0) + len(rows)
+
+    def means(self) -> dict[str, np.ndarray]:
+        return {name: total / self.counts[name] for name, total in self.sums.items()}
 
 
 def channel_means(
@@ -130,25 +169,26 @@ def channel_means(
     names = list(tensors)
     fixed = static_batch(model)
     size = fixed or BATCH
-    sums: dict[str, np.ndarray] = {}
-    counts = dict.fromkeys(names, 0)
+    sums = ChannelSums()
     for start, chunk in zip(
         range(0, len(samples), size), samples.batches(size, pad=fixed is not None), strict=True
     ):
         real = min(size, len(samples) - start)  # the rest of a padded batch repeats its last row
         outputs = session.run(names, feed_for(input_names, chunk))
         for name, value in zip(names, outputs, strict=True):
-            rows = channel_rows(value, len(next(iter(chunk.values()))), real, tensors[name])
-            sums[name] = sums.get(name, 0.0) + rows.sum(axis=0, dtype=np.float64)
-            counts[name] += len(rows)
-    return {name: sums[name] / counts[name] for name in names}
+            fed = len(next(iter(chunk.values())))
+            sums.add(name, channel_rows(value, fed, real, tensors[name]))
+    return sums.means()
 
 
-def channel_rows(value: np.ndarray, batch: int, real: int, axis: int) -> np.ndarray:
+def channel_rows(
+    value: np.ndarray, batch: int, real: int, axis: int, channels: int | None = None
+) -> np.ndarray:
     """One run's ``value`` as (positions, channels), from the first ``real`` of its ``batch``
-    samples. Both layouts are batch-major: a Conv's (N, C, ...) and a Gemm's (N x tokens, C)."""
+    samples. Both layouts are batch-major: a Conv's (N, C, ...) and a Gemm's (N x tokens, C).
+    ``channels``: how many, for a ``value`` flattened (else its shape says)."""
     per_sample = value.reshape(batch, -1)[:real]
     if axis == 1:  # (N, C, ...) -> (N x ..., C)
-        channels = value.shape[1]
+        channels = channels or value.shape[1]
         return np.moveaxis(per_sample.reshape(real, channels, -1), 1, -1).reshape(-1, channels)
-    return per_sample.reshape(-1, value.shape[-1])
+    return per_sample.reshape(-1, channels or value.shape[-1])

@@ -1,6 +1,6 @@
 """Which way each power-of-two scale of a QDQ file was rounded, carried by the file itself.
 
-``quant.ort_int8.round_scales_to_power_of_two`` rounds every MinMax scale to the power of two
+``quant.pow2_scales.round_scales_to_power_of_two`` rounds every MinMax scale to the power of two
 just above it (no clipping, coarser steps) or just below (finer steps, the tail clipped),
 whichever quantizes the tensor's own values with less squared error. ``scale_choices`` lists
 that choice tensor by tensor; ``write_choices`` stores the list in the file's

@@ -22,9 +22,11 @@ from onnxruntime.quantization.qdq_loss_debug import (
 )
 
 from quant import drift, ort_int8
+from quant.bias_correction import channel_means, fp32_tensors, mean_sites
 from quant.data import Samples, as_feeds
 from quant.drift import sqnr_of_sums, square_sums, tensor_sqnr
-from quant.ort_int8 import SamplesReader, best_power_of_two, quantize_onnx
+from quant.ort_int8 import SamplesReader, quantize_onnx
+from quant.pow2_scales import best_power_of_two, squared_error
 from quant.targets import PROFILES
 
 FEATURES = 1024
@@ -150,7 +152,7 @@ def test_power_of_two_choice_sums_the_errors_of_every_batch(mlp: dict) -> None:
 @pytest.mark.parametrize("shape", [(), (3,), (2, 64, 48)])
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_squared_error_in_float32_is_the_float64_sum(shape: tuple, per_channel: bool) -> None:
-    """An activation's candidate errors are computed in float32 (quant.ort_int8.squared_error):
+    """An activation's candidate errors are computed in float32 (quant.pow2_scales.squared_error):
     the same sums as in float64 to float32's rounding of the last subtraction, per channel too,
     and for a tensor of one value."""
     rng = np.random.default_rng(1)
@@ -163,7 +165,7 @@ def test_squared_error_in_float32_is_the_float64_sum(shape: tuple, per_channel: 
     quantized = np.clip(np.round(real.astype(np.float64) / scale), info.min, info.max)
     axes = tuple(i for i in range(real.ndim) if scale.ndim == 0 or scale.shape[i] == 1)
     exact = np.square(quantized * scale - real).sum(axis=axes, keepdims=True)
-    found = ort_int8.squared_error(real, scale, zero_point, np.dtype(np.int8))
+    found = squared_error(real, scale, zero_point, np.dtype(np.int8))
     assert found.shape == exact.shape and found.dtype == np.float64
     np.testing.assert_allclose(found, exact, rtol=1e-6)
 
@@ -199,3 +201,54 @@ def test_square_sums_hold_float32_min_fills() -> None:
     assert sums == pytest.approx(expected, rel=1e-12)
     small = square_sums(reference[:, :1], actual[:, :1] + 0.5)  # no overflow: float32
     assert small == pytest.approx([1.5**2 + 0.25**2, 2 * 0.5**2], rel=1e-6)
+
+
+def test_the_power_of_two_pass_hands_bias_correction_the_means_it_would_take(
+    tmp_path: Path,
+) -> None:
+    """tda4vm's one fp32 pass (``ort_int8._fp32_pass``) chooses the power-of-two scales on the
+    first samples and takes bias correction's fp32 channel means on all of them: the same means,
+    bit for bit, as bias correction's own pass (``channel_means``), past the 32 samples the
+    choice reads, at tda4vm's batch of 1."""
+    rng = np.random.default_rng(2)
+    inputs = rng.standard_normal((40, 64)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["hb"]),
+        helper.make_node("Relu", ["hb"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["o"]),
+        helper.make_node("Add", ["o", "b2"], ["y"]),
+    ]
+    weights = {
+        "w1": rng.standard_normal((64, 32)) / 8,
+        "b1": rng.standard_normal(32),
+        "w2": rng.standard_normal((32, 4)) / 6,
+        "b2": rng.standard_normal(4),
+    }
+    graph = helper.make_graph(
+        nodes,
+        "linears",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )
+    fp32_path = tmp_path / "linears.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, fp32_path)
+    calibration = Samples({"x": inputs}, None, "t")
+    minmax = dataclasses.replace(
+        PROFILES["tda4vm"], power_of_two_scales=False, bias_correction=False
+    )
+    quantized = onnx.load(str(quantize_onnx(fp32_path, tmp_path / "q.onnx", minmax, calibration)))
+    prepared_path = ort_int8.prepare_for_quantization(fp32_path, minmax, tmp_path)
+    prepared = onnx.load(str(prepared_path))
+
+    sites = mean_sites(quantized, fp32_tensors(prepared))
+    assert len(sites) == 2  # both Linears, fused into Gemm by ORT's pre-processing
+    _, handed = ort_int8._fp32_pass(
+        quantized, prepared, prepared_path, calibration, tmp_path, sites
+    )
+    own = channel_means(prepared, {name: axis for name, (axis, _) in sites.items()}, calibration)
+    assert handed.keys() == own.keys()
+    for name in own:
+        np.testing.assert_array_equal(handed[name], own[name])

@@ -1,0 +1,188 @@
+"""Power-of-two scales (TIDL's simple calibration) for a QDQ model ORT's quantizer wrote.
+
+Each scale becomes the power of two just below or just above it, whichever quantizes the values
+it scales with the smaller squared error: a weight's own values, per channel, re-quantized to its
+new scale; an activation's calibration values (``quant.ort_int8`` runs the fp32 model over them
+and sums each candidate's error, ``squared_error``); an int32 bias takes input scale x weight
+scale, the scale integer kernels assume for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+
+def power_of_two_ceil(scale: np.ndarray) -> np.ndarray:
+    """The smallest power of two >= each scale (>= keeps every calibrated value in range)."""
+    return np.exp2(np.ceil(np.log2(scale))).astype(scale.dtype)
+
+
+def power_of_two_candidates(scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the power of two just below ``scale``'s ceiling power of two, that ceiling)."""
+    high = power_of_two_ceil(scale.astype(np.float64))
+    return high / 2, high
+
+
+def squared_error(
+    real: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, dtype: np.dtype
+) -> np.ndarray:
+    """Sum of squared quantize-dequantize errors of ``real`` with ``scale``, per element of
+    ``scale`` (summed over the axes it broadcasts along; kept, of size 1). A sum, so the error
+    over many batches is the sum of theirs.
+
+    A float32 tensor (an activation) is quantized in float32, in place in one scratch array:
+    with a power-of-two scale every step but the last subtraction is exact there, and it takes
+    a twelfth of the float64 time on a 128 x 3072 activation (BERT-base's whole choice over 32
+    samples, measured once side by side: 18.9 -> 17.0 s, the same 268 scales). The squares are
+    summed in float64."""
+    info = np.iinfo(dtype)
+    axes = tuple(i for i in range(real.ndim) if scale.ndim == 0 or scale.shape[i] == 1)
+    work = np.float32 if real.dtype == np.float32 else np.float64
+    scale, zero_point = np.asarray(scale, work), np.asarray(zero_point, work)
+    error = np.asarray(np.divide(real, scale, dtype=work))  # an array even for one value
+    np.round(error, out=error)
+    error += zero_point
+    np.clip(error, info.min, info.max, out=error)
+    error -= zero_point
+    error *= scale
+    error -= real
+    np.square(error, out=error)
+    return error.sum(axis=axes, keepdims=True, dtype=np.float64)
+
+
+def best_power_of_two(
+    real: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, dtype: np.dtype
+) -> np.ndarray:
+    """Per element of ``scale`` (broadcast against ``real``), the power of two just below or just
+    above it, whichever quantizes ``real`` with the smaller squared error. Rounding up never
+    clips but loses up to one bit everywhere; rounding down keeps the bit and clips the tail,
+    which wins for the heavy-tailed activations of a trained Transformer."""
+    low, high = power_of_two_candidates(scale)
+    return smaller_error(
+        low,
+        high,
+        squared_error(real, low, zero_point, dtype),
+        squared_error(real, high, zero_point, dtype),
+    )
+
+
+def smaller_error(
+    low: np.ndarray, high: np.ndarray, low_error: np.ndarray, high_error: np.ndarray
+) -> np.ndarray:
+    return np.where(low_error < high_error, low, high)
+
+
+def round_scales_to_power_of_two(
+    model: onnx.ModelProto, activation_scales: Mapping[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
+    """Every Quantize/DequantizeLinear scale -> a power of two, in place.
+
+    Weights pick their power of two per channel on their own values and are re-quantized to it;
+    an activation takes the power of two chosen on its calibration values, given in
+    ``activation_scales`` (scale name -> power of two, from ``_fp32_pass``), or rounds
+    up when it has none (nothing clips); an int32 bias takes input scale x weight scale, the
+    scale integer kernels assume for it, and is re-quantized to that. Returns every scale's
+    new value, by scale name.
+    """
+    activation_scales = activation_scales or {}
+    initializers = {init.name: init for init in model.graph.initializer}
+    qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    constant = [n for n in qdq if n.op_type == "DequantizeLinear" and n.input[0] in initializers]
+    is_bias = {n.input[0]: _dtype_of(initializers[n.input[0]]) == np.int32 for n in constant}
+    chosen: dict[str, np.ndarray] = {}
+    for node in constant:
+        if not is_bias[node.input[0]] and node.input[1] not in chosen:
+            chosen[node.input[1]] = _requantize(node, initializers, None)
+    for node in qdq:
+        scale_name = node.input[1]
+        if node.op_type != "QuantizeLinear" or scale_name in chosen:
+            continue
+        if scale_name in activation_scales:
+            chosen[scale_name] = activation_scales[scale_name]
+        else:
+            old = numpy_helper.to_array(initializers[scale_name]).astype(np.float64)
+            chosen[scale_name] = power_of_two_ceil(old)
+    bias_scales = _bias_scales(model, initializers, chosen)
+    for node in constant:
+        if is_bias[node.input[0]] and node.input[1] not in chosen:
+            chosen[node.input[1]] = _requantize(node, initializers, bias_scales.get(node.output[0]))
+    for node in qdq:  # any scale left: round up
+        if node.input[1] not in chosen:
+            old = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float64)
+            chosen[node.input[1]] = power_of_two_ceil(old)
+    for name, scale in chosen.items():
+        old = numpy_helper.to_array(initializers[name])
+        new = np.asarray(scale, dtype=old.dtype).reshape(old.shape)
+        initializers[name].CopyFrom(numpy_helper.from_array(new, name))
+    return chosen
+
+
+def _dtype_of(tensor: onnx.TensorProto) -> np.dtype:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+
+
+def _requantize(
+    node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto], new: np.ndarray | None
+) -> np.ndarray:
+    """Re-quantize a DequantizeLinear's constant data to ``new`` (or to its best power of two)
+    so that it dequantizes to the same real values; returns the new scale, shaped like the old."""
+    data, scale_name = node.input[0], node.input[1]
+    values = numpy_helper.to_array(initializers[data])
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+    zero_point = _broadcast(zero_point_of(node, initializers), values.ndim, axis)
+    old_scale = numpy_helper.to_array(initializers[scale_name])
+    old = _broadcast(old_scale, values.ndim, axis)
+    real = (values.astype(np.float64) - zero_point) * old
+    if new is None:
+        new = best_power_of_two(real, old, zero_point, values.dtype)
+    else:
+        new = _broadcast(np.broadcast_to(new, old_scale.shape), values.ndim, axis)
+    info = np.iinfo(values.dtype)
+    quantized = np.clip(np.round(real / new) + zero_point, info.min, info.max)
+    initializers[data].CopyFrom(numpy_helper.from_array(quantized.astype(values.dtype), data))
+    return np.asarray(new).reshape(old_scale.shape)
+
+
+def _bias_scales(
+    model: onnx.ModelProto,
+    initializers: dict[str, onnx.TensorProto],
+    chosen: Mapping[str, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """Dequantized-bias tensor name -> input scale x weight scale, for each Conv/Gemm whose
+    three inputs all come from DequantizeLinear nodes with chosen scales."""
+    dequantized = {n.output[0]: n for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    scales = {}
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "Gemm") or len(node.input) < 3:
+            continue
+        feeds = [dequantized.get(name) for name in node.input[:3]]
+        if any(f is None for f in feeds) or not all(f.input[1] in chosen for f in feeds[:2]):
+            continue
+        x_scale, w_scale = (np.asarray(chosen[f.input[1]]).reshape(-1) for f in feeds[:2])
+        scales[node.input[2]] = x_scale * w_scale
+    return scales
+
+
+def quantized_dtype(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> np.dtype:
+    if len(node.input) > 2 and node.input[2] in initializers:
+        return numpy_helper.to_array(initializers[node.input[2]]).dtype
+    return np.dtype(np.uint8)  # ONNX's default output type without a zero point
+
+
+def zero_point_of(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> np.ndarray:
+    if len(node.input) > 2 and node.input[2] in initializers:
+        return numpy_helper.to_array(initializers[node.input[2]]).astype(np.float64)
+    return np.zeros((), dtype=np.float64)
+
+
+def _broadcast(scale: np.ndarray, ndim: int, axis: int) -> np.ndarray:
+    """A per-axis scale shaped to broadcast against data of rank ``ndim`` along ``axis``."""
+    if scale.ndim == 0 or ndim == 0:
+        return scale.astype(np.float64)
+    shape = [1] * ndim
+    shape[axis % ndim] = scale.size
+    return scale.astype(np.float64).reshape(shape)
