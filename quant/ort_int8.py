@@ -5,10 +5,10 @@ profile only chooses the options, and ``int16_tensors`` moves named activations 
 through ORT's ``TensorQuantOverrides`` (the drift fallback). Around it, a profile may ask for
 ONNX Runtime's speed rewrites (``quant.ort_graph``: Linears as Gemm before; after,
 ``quant.ort_rewrites``: float inputs for Softmax/GELU, the attention's operands), for
-power-of-two scales (TIDL's simple calibration, ``quant.pow2_scales``), each activation's chosen
-by its error on the calibration data, which one fp32 pass here runs (``_fp32_pass``); and for
-its int32 biases corrected on the calibration data (``quant.bias_correction``), against fp32
-means that same pass takes.
+power-of-two scales (TIDL's simple calibration, ``quant.pow2_scales``), each activation's
+chosen by its error on the calibration data, which one fp32 pass here runs
+(``calibration_pass``); and for its int32 biases corrected on the calibration data
+(``quant.bias_correction``), against fp32 means that same pass takes.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def quantize_onnx(
                 means_of = {}
                 if profile.bias_correction:
                     means_of = mean_sites(quantized, fp32_tensors(reference))
-                scales, fp32_means = _fp32_pass(
+                scales, fp32_means = calibration_pass(
                     quantized, reference, prepared, calibration, Path(scratch), means_of
                 )
                 minmax = scales_by_name(quantized)
@@ -161,7 +161,7 @@ def prepare_for_quantization(fp32_path: Path, profile: TargetProfile, scratch: P
     return prepared
 
 
-def _fp32_pass(
+def calibration_pass(
     quantized: onnx.ModelProto,
     fp32: onnx.ModelProto,
     fp32_path: Path,

@@ -83,7 +83,7 @@ def round_scales_to_power_of_two(
 
     Weights pick their power of two per channel on their own values and are re-quantized to it;
     an activation takes the power of two chosen on its calibration values, given in
-    ``activation_scales`` (scale name -> power of two, from ``_fp32_pass``), or rounds
+    ``activation_scales`` (scale name -> power of two, from ``calibration_pass``), or rounds
     up when it has none (nothing clips); an int32 bias takes input scale x weight scale, the
     scale integer kernels assume for it, and is re-quantized to that. Returns every scale's
     new value, by scale name.

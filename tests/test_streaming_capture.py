@@ -206,10 +206,10 @@ def test_square_sums_hold_float32_min_fills() -> None:
 def test_the_power_of_two_pass_hands_bias_correction_the_means_it_would_take(
     tmp_path: Path,
 ) -> None:
-    """tda4vm's one fp32 pass (``ort_int8._fp32_pass``) chooses the power-of-two scales on the
-    first samples and takes bias correction's fp32 channel means on all of them: the same means,
-    bit for bit, as bias correction's own pass (``channel_means``), past the 32 samples the
-    choice reads, at tda4vm's batch of 1."""
+    """tda4vm's one fp32 pass (``ort_int8.calibration_pass``) chooses the power-of-two scales on
+    the first samples and takes bias correction's fp32 channel means on all of them: the same
+    means, bit for bit, as bias correction's own pass (``channel_means``), past the 32 samples
+    the choice reads, at tda4vm's batch of 1."""
     rng = np.random.default_rng(2)
     inputs = rng.standard_normal((40, 64)).astype(np.float32)
     nodes = [
@@ -245,7 +245,7 @@ def test_the_power_of_two_pass_hands_bias_correction_the_means_it_would_take(
 
     sites = mean_sites(quantized, fp32_tensors(prepared))
     assert len(sites) == 2  # both Linears, fused into Gemm by ORT's pre-processing
-    _, handed = ort_int8._fp32_pass(
+    _, handed = ort_int8.calibration_pass(
         quantized, prepared, prepared_path, calibration, tmp_path, sites
     )
     own = channel_means(prepared, {name: axis for name, (axis, _) in sites.items()}, calibration)
