@@ -35,7 +35,7 @@ from . import report as schema
 from .deadline import SearchStopped, stop_note, watching
 from .drift import Drift, kernel_gap, measure_drift, onnx_runner, tensor_sqnr
 from .latency import onnx_latency, thread_counts
-from .ort_int8 import quantize_onnx
+from .ort_int8 import Preparation, prepare_once, quantize_onnx
 from .pow2_grid import GridSearch, align_streams
 from .pow2_record import recorded_choices
 from .records import (
@@ -77,21 +77,25 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
     (``quant.pow2_grid``); everything after, the int8 ladder, SQNR and fallback, works on that
     file, which computes what the exported one does."""
     profile = job.profile
-    if not (profile.power_of_two_scales and profile.stream_factors):
-        return _build(job, GridSearch(()))
     with tempfile.TemporaryDirectory() as scratch:
-        scaled = Path(scratch) / "fp32_streams_scaled.onnx"
-        job.stage("power-of-two grid", 0.05, "residual stream factors")
-        first = profile.int8_recipes[0]
+        grid = GridSearch(())
+        if profile.power_of_two_scales and profile.stream_factors:
+            scaled = Path(scratch) / "fp32_streams_scaled.onnx"
+            job.stage("power-of-two grid", 0.05, "residual stream factors")
+            first = profile.int8_recipes[0]
 
-        def quantize(fp32: Path, out: Path) -> Path:
-            return quantize_onnx(fp32, out, first, job.calibration)
+            def quantize(fp32: Path, out: Path) -> Path:
+                return quantize_onnx(fp32, out, first, job.calibration)
 
-        grid = align_streams(job.fp32_path, scaled, quantize, job.calibration, job.deadline)
-        return _build(replace(job, fp32_path=scaled) if grid.scaled else job, grid)
+            grid = align_streams(job.fp32_path, scaled, quantize, job.calibration, job.deadline)
+            if grid.scaled:
+                job = replace(job, fp32_path=scaled)
+        preparation_dir = Path(scratch) / "preparation"
+        preparation_dir.mkdir()
+        return _build(job, grid, preparation_dir)
 
 
-def _build(job: TargetJob, grid: GridSearch) -> schema.TargetResult:
+def _build(job: TargetJob, grid: GridSearch, preparation_dir: Path) -> schema.TargetResult:
     profile, bars, stage = job.profile, job.bars, job.stage
     target_dir, out_dir, evaluation = job.target_dir, job.out_dir, job.evaluation
     artifact = target_dir / "model_int8.onnx"
@@ -100,8 +104,12 @@ def _build(job: TargetJob, grid: GridSearch) -> schema.TargetResult:
         outputs = onnx_runner(artifact, exact=exact)(evaluation.feeds)
         return measure_drift(job.reference, outputs, evaluation.labels)
 
+    shared: list[Preparation] = []  # the fp32 graph and ranges every quantization below uses
+
     def quantize_and_measure(recipe: TargetProfile, int16: tuple[str, ...]) -> Drift:
-        quantize_onnx(job.fp32_path, artifact, recipe, job.calibration, int16_tensors=int16)
+        if not shared:  # in the first quantize stage: the recipes share gemm_linears
+            shared.append(prepare_once(job.fp32_path, recipe, job.calibration, preparation_dir))
+        quantize_onnx(job.fp32_path, artifact, recipe, job.calibration, int16, shared[0])
         return measure(exact=True)
 
     trials: list[RecipeTrial] = []

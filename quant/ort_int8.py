@@ -18,6 +18,7 @@ import io
 import logging
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from onnxruntime.quantization import (
     quant_pre_process,
     quantize_static,
 )
+from onnxruntime.quantization.calibrate import load_tensors_data
 from onnxruntime.quantization.qdq_loss_debug import (
     _TENSOR_SAVE_POSTFIX,  # the suffix of the outputs it adds: its own naming rule, not copied
     modify_model_output_intermediate_tensors,
@@ -93,13 +95,18 @@ def quantize_onnx(
     profile: TargetProfile,
     calibration: Samples,
     int16_tensors: Sequence[str] = (),
+    preparation: Preparation | None = None,
 ) -> Path:
-    """Quantize ``fp32_path`` for ``profile``; the activations in ``int16_tensors`` get 16 bits."""
+    """Quantize ``fp32_path`` for ``profile``; the activations in ``int16_tensors`` get 16 bits.
+    ``preparation``: what an earlier quantization of the same file on the same ``calibration``
+    left for this one (``prepare_once``); without it, this call prepares and calibrates alone."""
     model = onnx.load(str(fp32_path))
     input_names = graph_input_names(model)
     fixed = static_batch(model)
     with tempfile.TemporaryDirectory() as scratch, _quiet():
-        prepared = prepare_for_quantization(fp32_path, profile, Path(scratch))
+        shared = preparation or prepare_once(fp32_path, profile, calibration, Path(scratch))
+        shared.check(fp32_path, profile, calibration)
+        prepared = shared.graph
         widened = shared_quantization(onnx.load(str(prepared)), int16_tensors)
         overrides = {name: [{"quant_type": QuantType.QInt16}] for name in widened}
         quantize_static(
@@ -119,6 +126,7 @@ def quantize_onnx(
                 "WeightSymmetric": True,
                 "TensorQuantOverrides": overrides,
             },
+            calibration_cache_path=str(shared.ranges),  # measured by the first call, then read
         )
         if profile.power_of_two_scales or profile.bias_correction or ort_rewrites(profile):
             quantized = onnx.load(str(out_path))
@@ -138,12 +146,54 @@ def quantize_onnx(
                 minmax = scales_by_name(quantized)
                 chosen = round_scales_to_power_of_two(quantized, scales)
                 write_choices(quantized, scale_choices(quantized, minmax, chosen, set(scales)))
-            batch = fixed or CALIBRATION_BATCH
-            apply_ort_rewrites(quantized, profile, prepared, calibration, batch, fixed is not None)
+            apply_ort_rewrites(quantized, profile, load_tensors_data(shared.ranges))
             if profile.bias_correction:  # last: on the graph that ships, with its final scales
                 correct_biases(quantized, reference, calibration, fp32_means)
             onnx.save_model(quantized, str(out_path))
     return out_path
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """What every quantization of one fp32 file for one target shares, made once: ORT's
+    pre-processed fp32 graph (``prepare_for_quantization``) and every activation's range on the
+    calibration data, which the first ``quantize_static`` measures and saves as ORT's own
+    calibration cache (its ``calibration_cache_path``, JSON) and each later one reads back.
+
+    A target's int8 ladder and drift fallback quantize the same file again with other options
+    (weight type, bias correction, 16-bit tensors); neither the graph nor the ranges depend on
+    them, only on the file, the Linears-as-Gemm choice and the calibration samples, which
+    ``check`` holds a call to. BERT-base's cpu ladder, recipe after recipe: ~25 s each."""
+
+    fp32_path: Path
+    gemm_linears: bool
+    calibration: Samples
+    graph: Path
+    ranges: Path
+
+    def check(self, fp32_path: Path, profile: TargetProfile, calibration: Samples) -> None:
+        if (
+            self.fp32_path != fp32_path
+            or self.gemm_linears != profile.gemm_linears
+            or self.calibration is not calibration
+        ):
+            raise ValueError(
+                f"a preparation of {self.fp32_path} (Linears as Gemm: {self.gemm_linears}) "
+                f"cannot serve a quantization of {fp32_path} for {profile.name} "
+                f"(Linears as Gemm: {profile.gemm_linears}) or on other calibration data"
+            )
+
+
+def prepare_once(
+    fp32_path: Path, profile: TargetProfile, calibration: Samples, directory: Path
+) -> Preparation:
+    """A :class:`Preparation` of ``fp32_path`` in ``directory``, which must outlive its use;
+    its ranges are measured by the first quantization given it."""
+    with _quiet():
+        graph = prepare_for_quantization(fp32_path, profile, directory)
+    return Preparation(
+        fp32_path, profile.gemm_linears, calibration, graph, directory / "calibration_ranges.json"
+    )
 
 
 def prepare_for_quantization(fp32_path: Path, profile: TargetProfile, scratch: Path) -> Path:

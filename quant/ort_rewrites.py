@@ -9,12 +9,11 @@ and ``quant.ort_attention`` (the attention's s8 right operands); measured step b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import onnx
+from onnxruntime.quantization.calibrate import TensorsData
 
-from .data import Samples
-from .ort_attention import signed_operand_sources, signed_right_operands, tensor_absmax
+from .ort_attention import calibrated_absmax, signed_operand_sources, signed_right_operands
 from .ort_graph import float_inputs, fold_constant_factors, shapes_of_quantized
 from .targets import TargetProfile
 
@@ -34,16 +33,10 @@ def ort_rewrites(profile: TargetProfile) -> bool:
 
 
 def apply_ort_rewrites(
-    quantized: onnx.ModelProto,
-    profile: TargetProfile,
-    prepared: Path,
-    calibration: Samples,
-    batch: int,
-    pad: bool,
+    quantized: onnx.ModelProto, profile: TargetProfile, ranges: TensorsData
 ) -> None:
-    """The profile's rewrites of ``quantized``, in place. ``prepared``: the fp32 model it was
-    quantized from, run on ``calibration`` (``batch`` at a time, ``pad``: to a static batch) to
-    calibrate the s8 operands."""
+    """The profile's rewrites of ``quantized``, in place. ``ranges``: ORT's calibration of the
+    fp32 model it was quantized from, which bounds the s8 operands."""
     if profile.fold_factors:  # first: the factors' Q/DQ pairs would stop the rewrites below
         fold_constant_factors(quantized)
     if profile.shapes_of_quantized:
@@ -52,7 +45,7 @@ def apply_ort_rewrites(
         float_inputs(quantized, profile.float_inputs)
     if profile.signed_right_operands:  # last: on the float tensors the rewrites above left
         sources = signed_operand_sources(quantized, profile.signed_min_macs)
-        bounds = tensor_absmax(prepared, sources, calibration, batch, pad=pad)
+        bounds = calibrated_absmax(ranges, sources)
         signed_right_operands(quantized, bounds, profile.signed_min_macs)
         # a Split whose outputs are quantized again (K, V to s8) is fed in float by its Gemm:
         # no requantize into a u8 tensor that is only dequantized again

@@ -16,13 +16,15 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization.calibrate import load_tensors_data
 
 from quant.bias_correction import bias_sites, channel_means
 from quant.data import Samples
 from quant.drift import Drift, measure_drift, onnx_runner
 from quant.errors import RuleViolation
 from quant.onnx_target import RecipeTrial, build_onnx_target, kept_recipe
-from quant.ort_int8 import prepare_for_quantization, quantize_onnx
+from quant.ort_attention import calibrated_absmax, signed_operand_sources
+from quant.ort_int8 import SavedTensors, prepare_for_quantization, prepare_once, quantize_onnx
 from quant.rules import check_onnx_artifact
 from quant.target_job import Bars, TargetJob
 from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TargetProfile
@@ -221,3 +223,47 @@ def test_the_cpu_rules_refuse_weights_that_can_saturate_without_vnni(vit: dict) 
     eight_bit = quantized(vit, dataclasses.replace(CPU, weight_bits=8), "cpu_8bit.onnx")
     with pytest.raises(RuleViolation, match="exceeds 7 bits"):
         check_onnx_artifact(eight_bit, CPU)
+
+
+def test_a_shared_preparation_makes_each_recipe_s_file_byte_for_byte(
+    vit: dict, tmp_path: Path
+) -> None:
+    """The cpu ladder quantizes one fp32 file three times: with one preparation (ORT's
+    pre-processed graph and calibration ranges, measured once) each recipe's file is the one
+    it makes alone, and the later recipes read the ranges, not measure them again."""
+    fp32, calibration = vit["fp32"]["cpu"], vit["calibration"]
+    shared = prepare_once(fp32, CPU, calibration, tmp_path)
+    written = None
+    for number, recipe in enumerate(CPU.int8_recipes):
+        alone = quantize_onnx(fp32, tmp_path / f"alone_{number}.onnx", recipe, calibration)
+        together = tmp_path / f"shared_{number}.onnx"
+        quantize_onnx(fp32, together, recipe, calibration, (), shared)
+        assert together.read_bytes() == alone.read_bytes(), recipe.recipe
+        stamp = shared.ranges.stat().st_mtime_ns
+        assert written in (None, stamp)  # ORT writes its cache only when it calibrates
+        written = stamp
+    with pytest.raises(ValueError, match="cannot serve"):  # other data: other ranges
+        other = Samples(dict(calibration.feeds), None, "other")
+        quantize_onnx(fp32, tmp_path / "other.onnx", CPU, other, (), shared)
+
+
+def test_the_attention_operands_bound_is_their_calibrated_absolute_maximum(
+    vit: dict, tmp_path: Path
+) -> None:
+    """The s8 right operands' bounds, read off ORT's calibration ranges, are each tensor's
+    largest absolute value on the calibration data, as a pass of the prepared graph run as
+    written computes it."""
+    fp32, calibration = vit["fp32"]["cpu"], vit["calibration"]
+    shared = prepare_once(fp32, CPU, calibration, tmp_path)
+    quantized = onnx.load(str(quantize_onnx(fp32, tmp_path / "q.onnx", CPU, calibration)))
+    quantize_onnx(fp32, tmp_path / "shared.onnx", CPU, calibration, (), shared)
+    sources = signed_operand_sources(quantized, 0)
+    assert sources  # every attention's K^T and V
+    bounds = calibrated_absmax(load_tensors_data(shared.ranges), sources)
+    assert bounds.keys() == set(sources)
+    run = SavedTensors(shared.graph, tmp_path / "augmented.onnx")
+    largest = dict.fromkeys(sources, 0.0)
+    for batch in calibration.batches(8):
+        for name, value in run(batch, sources).items():
+            largest[name] = max(largest[name], float(np.abs(value).max()))
+    assert bounds == largest
