@@ -18,7 +18,7 @@ import io
 import logging
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,7 @@ from onnxruntime.quantization.qdq_loss_debug import (
 
 from .bias_correction import (
     ChannelSums,
+    channel_means,
     channel_rows,
     correct_biases,
     fp32_tensors,
@@ -133,22 +134,26 @@ def quantize_onnx(
             reference = None  # the prepared fp32 graph, for the steps that measure against it
             if profile.power_of_two_scales or profile.bias_correction:
                 reference = onnx.load(str(prepared))
-            fp32_means = None
+            means_of = {}  # the fp32 channel means bias correction needs and has not got
+            if profile.bias_correction:
+                needed = mean_sites(quantized, fp32_tensors(reference))
+                means_of = {n: site for n, site in needed.items() if n not in shared.fp32_means}
             if profile.power_of_two_scales:
                 # MinMax scales first: they give each activation its two power-of-two candidates;
                 # the same fp32 pass takes the means bias correction measures against
-                means_of = {}
-                if profile.bias_correction:
-                    means_of = mean_sites(quantized, fp32_tensors(reference))
                 scales, fp32_means = calibration_pass(
                     quantized, reference, prepared, calibration, Path(scratch), means_of
                 )
+                shared.fp32_means.update(fp32_means)
                 minmax = scales_by_name(quantized)
                 chosen = round_scales_to_power_of_two(quantized, scales)
                 write_choices(quantized, scale_choices(quantized, minmax, chosen, set(scales)))
             apply_ort_rewrites(quantized, profile, load_tensors_data(shared.ranges))
             if profile.bias_correction:  # last: on the graph that ships, with its final scales
-                correct_biases(quantized, reference, calibration, fp32_means)
+                left = {n: axis for n, (axis, _) in means_of.items() if n not in shared.fp32_means}
+                if left:  # no power-of-two pass took them: a pass of their own, once
+                    shared.fp32_means.update(channel_means(reference, left, calibration))
+                correct_biases(quantized, reference, calibration, shared.fp32_means)
             onnx.save_model(quantized, str(out_path))
     return out_path
 
@@ -163,13 +168,16 @@ class Preparation:
     A target's int8 ladder and drift fallback quantize the same file again with other options
     (weight type, bias correction, 16-bit tensors); neither the graph nor the ranges depend on
     them, only on the file, the Linears-as-Gemm choice and the calibration samples, which
-    ``check`` holds a call to. BERT-base's cpu ladder, recipe after recipe: ~25 s each."""
+    ``check`` holds a call to. So do the fp32 channel means bias correction measures against,
+    kept here by the first quantization that corrects biases. BERT-base's cpu ladder, recipe
+    after recipe: ~25 s each."""
 
     fp32_path: Path
     gemm_linears: bool
     calibration: Samples
     graph: Path
     ranges: Path
+    fp32_means: dict[str, np.ndarray] = field(default_factory=dict)
 
     def check(self, fp32_path: Path, profile: TargetProfile, calibration: Samples) -> None:
         if (

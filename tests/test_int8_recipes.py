@@ -230,7 +230,8 @@ def test_a_shared_preparation_makes_each_recipe_s_file_byte_for_byte(
 ) -> None:
     """The cpu ladder quantizes one fp32 file three times: with one preparation (ORT's
     pre-processed graph and calibration ranges, measured once) each recipe's file is the one
-    it makes alone, and the later recipes read the ranges, not measure them again."""
+    it makes alone, and the later recipes read the ranges, not measure them again; the third
+    takes the fp32 channel means the second's bias correction measured."""
     fp32, calibration = vit["fp32"]["cpu"], vit["calibration"]
     shared = prepare_once(fp32, CPU, calibration, tmp_path)
     written = None
@@ -242,6 +243,7 @@ def test_a_shared_preparation_makes_each_recipe_s_file_byte_for_byte(
         stamp = shared.ranges.stat().st_mtime_ns
         assert written in (None, stamp)  # ORT writes its cache only when it calibrates
         written = stamp
+        assert bool(shared.fp32_means) == (number > 0)  # kept from the first correction on
     with pytest.raises(ValueError, match="cannot serve"):  # other data: other ranges
         other = Samples(dict(calibration.feeds), None, "other")
         quantize_onnx(fp32, tmp_path / "other.onnx", CPU, other, (), shared)
