@@ -169,8 +169,8 @@ class Preparation:
     (weight type, bias correction, 16-bit tensors); neither the graph nor the ranges depend on
     them, only on the file, the Linears-as-Gemm choice and the calibration samples, which
     ``check`` holds a call to. So do the fp32 channel means bias correction measures against,
-    kept here by the first quantization that corrects biases. BERT-base's cpu ladder, recipe
-    after recipe: ~25 s each."""
+    kept here by the first quantization that corrects biases. BERT-base's cpu ladder, its three
+    recipes one after the other: 54.5 / 81.1 / 75.1 -> 42.1 / 44.1 / 32.4 s (measured once)."""
 
     fp32_path: Path
     gemm_linears: bool
