@@ -257,8 +257,9 @@ def test_the_attention_operands_bound_is_their_calibrated_absolute_maximum(
     written computes it."""
     fp32, calibration = vit["fp32"]["cpu"], vit["calibration"]
     shared = prepare_once(fp32, CPU, calibration, tmp_path)
-    quantized = onnx.load(str(quantize_onnx(fp32, tmp_path / "q.onnx", CPU, calibration)))
-    quantize_onnx(fp32, tmp_path / "shared.onnx", CPU, calibration, (), shared)
+    quantized = onnx.load(
+        str(quantize_onnx(fp32, tmp_path / "q.onnx", CPU, calibration, (), shared))
+    )
     sources = signed_operand_sources(quantized, 0)
     assert sources  # every attention's K^T and V
     bounds = calibrated_absmax(load_tensors_data(shared.ranges), sources)
