@@ -34,6 +34,7 @@ from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX
 from .data import Samples, feed_for
 from .deadline import check as check_deadline
 from .graph_walk import GraphWalk, static_batch
+from .ort_options import computing_options
 
 BATCH = 32  # samples per run for a model without a fixed batch
 
@@ -159,9 +160,7 @@ def channel_means(
     augmented.graph.output.extend(
         onnx.ValueInfoProto(name=name) for name in tensors if name not in graph_outputs
     )
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    options = computing_options(optimize=False)
     session = ort.InferenceSession(
         augmented.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )

@@ -25,6 +25,7 @@ from .data import Samples, as_feeds, feed_for, padded
 from .exact import exact_session, with_constants_computed
 from .graph_walk import static_batch
 from .ort_int8 import SavedTensors, stream_batch
+from .ort_options import computing_options
 from .targets import Bars
 
 EVAL_BATCH = 256
@@ -100,9 +101,7 @@ def onnx_runner(path: Path, threads: int = 0, *, exact: bool = False) -> Runner:
         model = with_constants_computed(onnx.load(str(path))).SerializeToString()
         session = exact_session(model, threads=threads)
     else:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.log_severity_level = 3
+        options = computing_options(threads)
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [value.name for value in session.get_inputs()]
     first = session.get_inputs()[0]

@@ -20,6 +20,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from .ort_options import computing_options
+
 # Computed constants are float32: a model whose computed constants would pass this size keeps
 # its DequantizeLinear nodes, since a protobuf (the session's source) holds at most 2 GiB.
 MAX_COMPUTED_BYTES = 1 << 30
@@ -60,10 +62,7 @@ def exact_session(
             model, opset_imports=like.opset_import, ir_version=like.ir_version
         )
     source = model if isinstance(model, bytes) else model.SerializeToString()
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    options = computing_options(threads, optimize=False)
     # A constant weight would be pre-packed for the GEMM kernel, which sums in another order:
     # off, the float ops compute as they do on a DequantizeLinear's output (bit for bit).
     options.add_session_config_entry("session.disable_prepacking", "1")

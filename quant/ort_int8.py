@@ -50,6 +50,7 @@ from .bias_correction import (
 from .data import Feeds, Samples, feed_for
 from .graph_walk import graph_input_names, static_batch
 from .ort_graph import linear_as_gemm
+from .ort_options import computing_options
 from .ort_rewrites import apply_ort_rewrites, ort_rewrites, shared_quantization
 from .pow2_record import scale_choices, scales_by_name, write_choices
 from .pow2_scales import (
@@ -289,8 +290,7 @@ class SavedTensors:
 
     def __init__(self, model_path: Path, augmented: Path) -> None:
         modify_model_output_intermediate_tensors(str(model_path), str(augmented))
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options = computing_options(optimize=False)
         options.enable_cpu_mem_arena = False  # the arena would hold a batch's tensors after it
         self.session = ort.InferenceSession(
             str(augmented), options, providers=["CPUExecutionProvider"]
