@@ -5,7 +5,7 @@ opset and batch, write the samples), *build* one target (a child process of its 
 *assemble* the report. Each step may run in another process, or on another machine that shares
 the job's directories (the service's Celery workers), so everything one step leaves for the
 next is a file: ``prepared.json`` in the job's work directory (:class:`Prepared`: the model's
-record, the fp32 exports with their reference outputs, the samples' directories, the notes),
+record, the fp32 exports, the fp32 reference outputs, the samples' directories, the notes),
 and one ``targets/NAME.json`` per target built (:class:`TargetPart`: its entry in the report
 and the host that measured it). The artifacts themselves go to the output directory, as ever.
 """
@@ -22,6 +22,7 @@ from .targets import Bars, TargetProfile
 
 PREPARED_FILE = "prepared.json"
 PARTS_DIR = "targets"
+FP32_OUTPUTS_FILE = "fp32_outputs.npy"
 
 
 class _Record(BaseModel):
@@ -29,13 +30,12 @@ class _Record(BaseModel):
 
 
 class ExportedModel(_Record):
-    """One fp32 folded ONNX file and where its outputs on the evaluation data are."""
+    """One fp32 folded ONNX file: where it is, its opset and batch, what was rewritten."""
 
     path: Path
     opset: int
     static_batch: bool
     batch: int | None  # the file's fixed batch size; None: dynamic
-    reference: Path  # an .npy file: the file's outputs on the evaluation samples
     rewrites: list[str]  # what was changed in the exported graph for int8, one line each
 
     def note(self) -> str:
@@ -64,6 +64,9 @@ class Prepared(_Record):
     notes: list[str]  # the report's notes, in its order
     exports: dict[str, ExportedModel]  # by export_key
     export_errors: dict[str, str]  # export_key -> the one-line reason its export failed
+    # an .npy file: the fp32 model's outputs on the evaluation samples, every target's drift
+    # reference; None when no fp32 file could be exported (every target then fails)
+    fp32_outputs: Path | None
 
     @property
     def calibration_dir(self) -> Path:

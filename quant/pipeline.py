@@ -194,7 +194,7 @@ def build_target(
             builder=builder_for(profile), profile=profile, bars=prepared.bars,
             fp32_path=export.path, target_dir=target_dir, out_dir=prepared.out_dir,
             calibration=prepared.calibration_dir, evaluation=prepared.evaluation_dir,
-            reference=export.reference, latency_runs=prepared.latency_runs,
+            reference=prepared.fp32_outputs, latency_runs=prepared.latency_runs,
             shared_dir=prepared.work_dir / "shared", deadline=deadline,
         )  # fmt: skip
         try:
