@@ -16,14 +16,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from . import report as schema
-from .data import Samples
 from .deadline import stop_note
 from .drift import Drift, measure_drift
-from .latency import thread_counts
+from .latency import Timing, thread_counts
 from .litert import (
     latency_tflite,
     onnx_names,
@@ -32,6 +30,7 @@ from .litert import (
     tensor_sqnr_tflite,
     xnnpack_ops,
 )
+from .measured_once import file_key, measured_once
 from .records import (
     WORST_LAYERS,
     artifact_record,
@@ -53,7 +52,7 @@ from .vela import VelaResult, compile_vela, cpu_op_name
 def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     """What a TFLite target made and measured; its files go to ``target_dir``."""
     profile, bars, stage = job.profile, job.bars, job.stage
-    target_dir, out_dir, evaluation = job.target_dir, job.out_dir, job.evaluation
+    target_dir, out_dir = job.target_dir, job.out_dir
     stage("convert", 0.05, "onnx2tf + TFLite converter")
     work = target_dir / "work"
     converted = _converted(job, work)
@@ -61,7 +60,7 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     check_full_integer(inspect_tflite(int8), io_dtype="int8")
     stage("drift", 0.45, "LiteRT")
     started = time.monotonic()
-    pure = _drift(int8, job.reference, evaluation)
+    pure = _drift(int8, job)
     # the 16x8 file: a conversion and a drift pass, each at least as long as the int8 file's
     step_s = converted.quantize_s + time.monotonic() - started
     shipped, drift, excluded, vela_pure, stopped = int8, pure, [], None, []
@@ -77,7 +76,7 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     if converted.int16x8 is not None:
         wide_file = _keep(converted.int16x8, target_dir / "model_16x8.tflite")
         check_full_integer(inspect_tflite(wide_file), io_dtype=None)
-        wide = _drift(wide_file, job.reference, evaluation)
+        wide = _drift(wide_file, job)
         if wide.agreement > pure.agreement:
             if "vela" in profile.artifacts:  # the pure file's figures, to cost the fallback
                 stage("Vela", 0.55, "pure int8, for the cost")
@@ -98,7 +97,7 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
             own_sqnr_db=None,
             module=label_of(sources, tensor),
         )
-        for tensor, op, db in tensor_sqnr_tflite(shipped, converted.float32, evaluation.feeds)
+        for tensor, op, db in _sqnr(shipped, converted.float32, job)
     ][:WORST_LAYERS]
     description = (
         "16x8 TFLite: int8 weights, int16 activations (drift fallback)"
@@ -122,21 +121,12 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
             excluded[0] = excluded[0].model_copy(update={"est_cost": _vela_cost(vela, vela_pure)})
     shutil.rmtree(work, ignore_errors=True)
     stage("latency", 0.85, "LiteRT")
-    sample, runs = evaluation.rows(0, 1), job.latency_runs
     return schema.TargetResult(
         artifacts=artifacts,
         inputs=tflite_inputs(inspect_tflite(shipped)),
         drift=drift_record(drift, name, worst, bars, "litert"),
         pure_int8_drift=(drift_record(pure, name, [], bars, "litert") if shipped != int8 else None),
-        latency=[
-            latency_record(
-                latency_tflite(shipped, sample, t, runs=runs),
-                "litert",
-                name,
-                xnnpack_ops(shipped, t),
-            )
-            for t in thread_counts()
-        ],
+        latency=[_latency(shipped, name, threads, job) for threads in thread_counts()],
         fallback_ops=fallback_ops,
         fallback_op_sources=fallback_sources(shipped, fallback_ops, sources, vela_cpu_ops),
         matmul_operands=(
@@ -224,8 +214,37 @@ def _with_int16x8(converted: TfliteArtifacts, job: TargetJob) -> TfliteArtifacts
         return dataclasses.replace(converted, notes=(*converted.notes, str(exc)))
 
 
-def _drift(path: Path, reference: np.ndarray, evaluation: Samples) -> Drift:
-    return measure_drift(reference, run_tflite(path, evaluation.feeds), evaluation.labels)
+# Each LiteRT measurement below is made once per job for a file (quant.measured_once): imx8mp
+# then reads imx93's figures for the same int8 file. Keyed by the file alone: every target of a
+# job has the same evaluation samples and fp32 reference.
+
+
+def _drift(path: Path, job: TargetJob) -> Drift:
+    def measure() -> dict:
+        outputs = run_tflite(path, job.evaluation.feeds)
+        return dataclasses.asdict(measure_drift(job.reference, outputs, job.evaluation.labels))
+
+    return Drift(**measured_once(job.shared_dir, file_key("litert-drift", path), measure))
+
+
+def _sqnr(shipped: Path, float32: Path, job: TargetJob) -> list[tuple[str, str, float]]:
+    def measure() -> list[tuple[str, str, float]]:
+        return tensor_sqnr_tflite(shipped, float32, job.evaluation.feeds)
+
+    key = file_key("litert-sqnr", shipped)
+    return [tuple(error) for error in measured_once(job.shared_dir, key, measure)]
+
+
+def _latency(shipped: Path, name: str, threads: int, job: TargetJob) -> schema.Latency:
+    def measure() -> dict:
+        sample = job.evaluation.rows(0, 1)
+        timing = latency_tflite(shipped, sample, threads, runs=job.latency_runs)
+        return {"timing": dataclasses.asdict(timing), "ops": xnnpack_ops(shipped, threads)}
+
+    key = file_key("litert-latency", shipped, threads, job.latency_runs)
+    measured = measured_once(job.shared_dir, key, measure)
+    ops = {op: tuple(counts) for op, counts in measured["ops"].items()}
+    return latency_record(Timing(**measured["timing"]), "litert", name, ops)
 
 
 def _keep(produced: Path, destination: Path) -> Path:
