@@ -3,8 +3,9 @@
 Why: a job has a timeout (the service's EDGE_UN_JOB_TIMEOUT_S). A target whose int8 ladder or
 drift fallback takes one more step than the time left allows would run the whole job into that
 timeout, and the user would get nothing. Instead the search loops ask before each step whether
-it still fits (:meth:`Deadline.allows`: the step, as long as the last one took, and as long
-again for what follows the search: the shipped file's checks, its error profile, its latency),
+it still fits (:meth:`Deadline.allows`: the step, as long as the last one took, and what
+follows the search: the shipped file's checks, its error profile, its latency, as long as the
+builder estimates from what it measured, else as long as the step again),
 and a step with a loop of its own (bias correction: one bias after another, in graph order)
 checks between two of them (:func:`check`, within :func:`watching`). A search stopped so ships
 the best file measured so far, over the bar, with a warning that says why (:func:`stop_note`).
@@ -18,10 +19,6 @@ import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-
-# A step may start when the time left holds it this many times over: the step itself, then as
-# long again for what the build does after its search (each measured as long as a step here).
-STEP_AND_FINISH = 2.0
 
 
 class SearchStopped(Exception):
@@ -38,10 +35,10 @@ class Deadline:
     def left(self) -> float:
         return math.inf if self.at is None else self.at - time.time()
 
-    def allows(self, step_s: float) -> bool:
-        """Whether a step that took ``step_s`` last time can start now and the build still end
-        in time."""
-        return self.left() >= STEP_AND_FINISH * step_s
+    def allows(self, step_s: float, finish_s: float | None = None) -> bool:
+        """Whether a step that took ``step_s`` last time can start now and the build, which
+        takes ``finish_s`` after its search (None: as long as the step), still end in time."""
+        return self.left() >= step_s + (step_s if finish_s is None else finish_s)
 
     def less(self, seconds: float) -> Deadline:
         """This deadline moved ``seconds`` earlier (what must still run after a step)."""
@@ -70,12 +67,14 @@ def check() -> None:
         raise SearchStopped
 
 
-def stop_note(done: str, next_step: str, step_s: float, left_s: float) -> str:
+def stop_note(
+    done: str, next_step: str, step_s: float, left_s: float, finish_s: float | None = None
+) -> str:
     """The warning of a search stopped for time, for the target's report."""
     left = max(left_s, 0.0)
+    after = "the checks after it" if finish_s is None else f"~{finish_s:.0f} s of checks after it"
     return (
         f"the search for a file within the drift bars stopped after {done}: {left:.0f} s of the "
-        f"job's time were left, and {next_step} would take about {step_s:.0f} s plus the "
-        "checks after it (the service's EDGE_UN_JOB_TIMEOUT_S); the file shipped is the best "
-        "measured so far"
+        f"job's time were left, and {next_step} would take about {step_s:.0f} s plus {after} "
+        "(the service's EDGE_UN_JOB_TIMEOUT_S); the file shipped is the best measured so far"
     )

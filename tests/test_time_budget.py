@@ -38,6 +38,7 @@ def test_a_search_out_of_time_ships_its_first_file_over_the_bar(tmp_path: Path) 
     assert (cpu.drift.agreement, cpu.drift.top1_drop_pts) == (first.agreement, first.top1_drop_pts)
     (stopped,) = [w for w in cpu.warnings if "stopped" in w]
     assert "stopped after 1 int8 recipe(s)" in stopped and "int8 recipe 2" in stopped
+    assert "s of checks after it" in stopped  # estimated from the drift pass it measured
     assert "EDGE_UN_JOB_TIMEOUT_S" in stopped and "best measured so far" in stopped
     (artifact,) = [a for a in cpu.artifacts if a.name == "cpu/model_int8.onnx"]
     assert hashlib.sha256((out / artifact.name).read_bytes()).hexdigest() == artifact.sha256
@@ -67,4 +68,6 @@ def test_a_step_starts_only_if_it_and_the_rest_of_the_build_fit() -> None:
     assert Deadline().allows(1e9)  # no deadline
     assert Deadline(now + 100).allows(40)  # 40 s step, 40 s after it: fits in 100
     assert not Deadline(now + 100).allows(60)
+    # what follows the search as the builder measured it: a 60 s step and 30 s after it fit
+    assert Deadline(now + 100).allows(60, 30) and not Deadline(now + 100).allows(60, 45)
     assert Deadline(now + 100).less(30).left() < 71
