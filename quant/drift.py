@@ -147,7 +147,7 @@ def tensor_sqnr(fp32_path: Path, int8_path: Path, samples: Samples) -> list[Tens
     ops = {out: node.op_type for node in fp32_model.graph.node for out in node.output}
     with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stdout(io.StringIO()):
         run_fp32 = SavedTensors(fp32_path, Path(scratch) / "fp32.onnx")
-        run_int8 = SavedTensors(int8_path, Path(scratch) / "int8.onnx", constants_computed=True)
+        run_int8 = SavedTensors(int8_path, Path(scratch) / "int8.onnx")
         # graph inputs have no producing op (not a layer); tensors the int8 graph renamed or
         # fused away have no fp32 twin
         pairs = {n: p for n, p in _matched(run_int8.names, run_fp32.names).items() if n in ops}

@@ -62,16 +62,11 @@ def exact_session(
             model, opset_imports=like.opset_import, ir_version=like.ir_version
         )
     source = model if isinstance(model, bytes) else model.SerializeToString()
-    return ort.InferenceSession(source, exact_options(threads), providers=["CPUExecutionProvider"])
-
-
-def exact_options(threads: int = 0) -> ort.SessionOptions:
-    """Options of a session that runs a model with computed constants as written."""
     options = computing_options(threads, optimize=False)
     # A constant weight would be pre-packed for the GEMM kernel, which sums in another order:
     # off, the float ops compute as they do on a DequantizeLinear's output (bit for bit).
     options.add_session_config_entry("session.disable_prepacking", "1")
-    return options
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
 def computed_constants(model: onnx.ModelProto, names: set[str]) -> list[onnx.TensorProto]:

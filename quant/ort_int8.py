@@ -48,7 +48,6 @@ from .bias_correction import (
     mean_sites,
 )
 from .data import Feeds, Samples, feed_for
-from .exact import exact_options, with_constants_computed
 from .graph_walk import graph_input_names, static_batch
 from .ort_graph import linear_as_gemm
 from .ort_options import computing_options
@@ -287,21 +286,15 @@ class SavedTensors:
     one session (graph optimizations off, as there: an int8 model runs its Q/DQ nodes as
     written) on the model saved with all its tensors as outputs at ``augmented``, and returns
     one batch's tensors for the caller to reduce and drop: all of them, or only the ``wanted``
-    ones (``names`` lists what there is), so that ORT hands Python no more than is used.
-    ``constants_computed``: what depends on no input (an int8 weight's DequantizeLinear) is
-    computed once, not on every run (``quant.exact``), and is no longer among ``names``; the
-    other tensors are the same bit for bit. At batch 1 that is most of an int8 run: BERT-base's
-    tda4vm file 1.01 -> 0.30 s a sample (measured once, side by side)."""
+    ones (``names`` lists what there is), so that ORT hands Python no more than is used."""
 
-    def __init__(self, model_path: Path, augmented: Path, *, constants_computed: bool = False):
+    def __init__(self, model_path: Path, augmented: Path) -> None:
         modify_model_output_intermediate_tensors(str(model_path), str(augmented))
-        source: str | bytes = str(augmented)
         options = computing_options(optimize=False)
-        if constants_computed:
-            source = with_constants_computed(onnx.load(source)).SerializeToString()
-            options = exact_options()
         options.enable_cpu_mem_arena = False  # the arena would hold a batch's tensors after it
-        self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            str(augmented), options, providers=["CPUExecutionProvider"]
+        )
         self.input_names = [value.name for value in self.session.get_inputs()]
         self.outputs = {
             o.name[: -len(_TENSOR_SAVE_POSTFIX)]: o.name
