@@ -1,15 +1,15 @@
 """TFLite files of onnx2tf's saved_model: int8, 16x8, float32. Runs INSIDE the tool env.
 
-Invoked by path with the tool environment's python (``quant.tflite`` does it),
-never imported by the main venv: it imports only the standard library, numpy and TensorFlow. Why
-not let onnx2tf quantize (``-oiqt``): it writes five quantized variants from one calibration set
-(we need two), and it casts every calibration input to float32, so a model with an int64 input
-(text token ids) cannot be fully integer-quantized at all. Here the representative data keeps
-the input's dtype. ``quant.tflite`` asks for the files one process each for a large model
-(BERT-base's float32 and int8 conversions in one process peaked at 7.8 GB resident, each in a
-process of its own at 5.6 GB and 6.4 GB, the files byte-identical: memory a conversion left
-behind counted against the next one), all in one process for a small one (each process loads
-TensorFlow and the saved_model again).
+Invoked by path with the tool environment's python (``quant.tflite`` does it), never imported by the
+main venv: it imports only the standard library, numpy and TensorFlow (``_onnx_to_saved_model.py``
+imports its calibration helpers, to check its model on the same samples). Why not let onnx2tf
+quantize (``-oiqt``): it writes five quantized variants from one calibration set (we need two), and
+it casts every calibration input to float32, so a model with an int64 input (text token ids) cannot
+be fully integer-quantized at all. Here the representative data keeps the input's dtype.
+``quant.tflite`` asks for the files one process each for a large model (BERT-base's float32 and int8
+conversions in one process peaked at 7.8 GB resident, each in a process of its own at 5.6 GB and 6.4
+GB, the files byte-identical: memory a conversion left behind counted against the next one), all in
+one process for a small one (each process loads TensorFlow and the saved_model again).
 
 The converter settings are onnx2tf's own (``from_saved_model``, per-channel weights,
 ``unfold_batchmatmul=False`` so attention stays BATCH_MATMUL), minus ``SELECT_TF_OPS``: a
@@ -69,7 +69,7 @@ def _canonical(name: str) -> str:
     return re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
 
 
-def _calibration_for(keys: list[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def calibration_for(keys: list[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The calibration array of each signature key: the one array for a one-input model, else
     the array of the same name (onnx2tf may have changed separators or case)."""
     if len(keys) == 1 and len(arrays) == 1:
@@ -84,7 +84,7 @@ def _calibration_for(keys: list[str], arrays: dict[str, np.ndarray]) -> dict[str
     return {key: by_name[_canonical(key)] for key in keys}
 
 
-def _to_saved_model_layout(calib: np.ndarray, shape: tuple, key: str) -> np.ndarray:
+def to_saved_model_layout(calib: np.ndarray, shape: tuple, key: str) -> np.ndarray:
     """ONNX-layout samples (N, C, H, W) -> the saved_model's (N, H, W, C), which onnx2tf made
     channels-last; samples already in the saved_model's layout pass unchanged."""
     if tuple(calib.shape[1:]) == tuple(shape[1:]):
@@ -156,8 +156,8 @@ def main() -> int:
         arrays = {name: archive[name] for name in archive.files}
     signature = _signature_inputs(args.saved_model)
     calib = {
-        key: _to_saved_model_layout(array, signature[key][1], key)
-        for key, array in _calibration_for(list(signature), arrays).items()
+        key: to_saved_model_layout(array, signature[key][1], key)
+        for key, array in calibration_for(list(signature), arrays).items()
     }
     dtypes = {key: dtype for key, (dtype, _) in signature.items()}
     for key, (dtype, shape) in signature.items():

@@ -15,6 +15,7 @@ from .tool_sandbox import strip_ansi
 _ONNX_OUTPUT = re.compile(r"^INFO:\s+output_name\.(\d+): (\S+) shape:")
 _TF_OUTPUT = re.compile(r"^INFO:\s+output\.(\d+)\.\S+: name: (\S+?)(:\d+)? shape:")
 _ONNX_OP = re.compile(r"^INFO: onnx_op_type: ")
+_BUILD_START = re.compile(r"^Model conversion started ")
 
 
 def parse_tensor_map(log: str) -> dict[str, str]:
@@ -22,7 +23,9 @@ def parse_tensor_map(log: str) -> dict[str, str]:
 
     For each ONNX node onnx2tf logs its ONNX output names, then the TensorFlow tensors it built
     for them, in the same order. Only single-output nodes are mapped (a Split's TF outputs do not
-    keep their index in the TFLite names). Insertion order is ONNX graph order.
+    keep their index in the TFLite names). Insertion order is ONNX graph order. A log of two
+    builds (``_onnx_to_saved_model.py`` builds again in strict mode a model whose fast build was
+    wrong) maps the last one's tensors, those of the file.
     """
     mapping: dict[str, str] = {}
     onnx_outputs: list[str] = []
@@ -33,7 +36,9 @@ def parse_tensor_map(log: str) -> dict[str, str]:
             mapping[tf_outputs[0]] = onnx_outputs[0]
 
     for raw in strip_ansi(log).splitlines():
-        if _ONNX_OP.match(raw):
+        if _BUILD_START.match(raw):
+            mapping, onnx_outputs, tf_outputs = {}, [], []
+        elif _ONNX_OP.match(raw):
             flush()
             onnx_outputs, tf_outputs = [], []
         elif m := _ONNX_OUTPUT.match(raw):

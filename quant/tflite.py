@@ -1,7 +1,9 @@
 """ONNX -> full-int8 and 16x8 TFLite through onnx2tf, run as a sandboxed subprocess.
 
 Route (measured on the bundled examples, see ``convert_tflite``): onnx2tf builds a TensorFlow
-model of the folded fp32 ONNX model, ``quant/_onnx_to_saved_model.py`` saves it as a plain
+model of the folded fp32 ONNX model (fast, checked against ONNX Runtime on the first
+calibration samples, built again in onnx2tf's strict mode where it disagrees, refused where
+that disagrees too), ``quant/_onnx_to_saved_model.py`` saves it as a plain
 saved_model (onnx2tf's own command would also write float32 and float16 TFLite files through
 TensorFlow's Keras path, which takes 14+ min for a BERT-base), then ``quant/_tf_convert.py``
 converts that saved_model to float32 (LiteRT's reference) and full int8 (int8 I/O), and on
@@ -174,6 +176,7 @@ def convert_tflite(
         # module records that quant.sources reads.
         onnx_copy = scratch / onnx_path.name
         shutil.copyfile(onnx_path, onnx_copy)
+        np.savez(calib_file, **calib)  # the build checks its model on the first samples
         start = time.monotonic()
         run_tool(
             [
@@ -181,6 +184,7 @@ def convert_tflite(
                 str(SAVED_MODEL_SCRIPT),
                 str(onnx_copy),
                 str(saved_model),
+                str(calib_file),
             ],
             scratch,
             env_dir,
@@ -197,7 +201,6 @@ def convert_tflite(
             f"onnx2tf wrote no saved_model for {onnx_path.name} "
             f"(full log: {work_dir / ONNX2TF_LOG})"
         )
-    np.savez(calib_file, **calib)
     start = time.monotonic()
     size = sum(f.stat().st_size for f in saved_model.rglob("*") if f.is_file())
     files = [("float32", float32), ("int8", int8)]
