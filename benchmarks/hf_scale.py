@@ -53,6 +53,7 @@ import torch
 
 import edge_un
 from benchmarks.results_main import RESULTS, ROOT, benchmark_main, save_figure
+from quant.deadline import STOPPED
 from quant.host import describe_host
 from service.settings import Settings
 from service.worker.steps import REPORT_RESERVE
@@ -72,7 +73,6 @@ BARS_ON = os.environ.get("EDGE_UN_BENCH_BARS") == "on"
 BARS_PARALLEL = int(os.environ.get("EDGE_UN_BENCH_BARS_PARALLEL", PARALLEL))
 BARS_ON_SUFFIX = ", bars on"  # a bars-on run's key in a model's runs: "2, bars on"
 BARS_ON_RUN = f"{BARS_PARALLEL}{BARS_ON_SUFFIX}"
-STOPPED_FOR_TIME = "the search for a file within the drift bars stopped"  # quant.deadline's note
 
 
 def bert_base() -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
@@ -312,7 +312,7 @@ def _status(target: str, run: dict[str, Any], detail: bool) -> str:
         return f"{said} ({run['error']})"
     if not detail or run.get("agreement") is None:
         return said
-    stopped = any(w.startswith(STOPPED_FOR_TIME) for w in run.get("warnings", []))
+    stopped = any(w.startswith(STOPPED) for w in run.get("warnings", []))
     return (
         f"{said} ({100 * run['agreement']:.1f} %, {run.get('recipes_tried', 0)} recipe(s), "
         f"{run['excluded_steps']} fallback step(s){', stopped for time' if stopped else ''})"

@@ -22,6 +22,7 @@ import onnxruntime as ort
 from onnxruntime.quantization.qdq_loss_debug import create_activation_matching
 
 from .data import Samples, as_feeds, feed_for, padded
+from .deadline import check
 from .exact import exact_session, with_constants_computed
 from .graph_walk import static_batch
 from .ort_int8 import SavedTensors, stream_batch
@@ -110,7 +111,10 @@ def onnx_runner(path: Path, threads: int = 0, *, exact: bool = False) -> Runner:
 
     def run(inputs: Inputs) -> np.ndarray:
         samples = Samples(feed_for(names, as_feeds(inputs)), None, "")
-        outputs = [session.run(None, chunk)[0] for chunk in samples.batches(batch, pad=static)]
+        outputs = []
+        for chunk in samples.batches(batch, pad=static):
+            check()  # a search step's drift pass stops between two batches when time is up
+            outputs.append(session.run(None, chunk)[0])
         return np.concatenate(outputs)[: len(samples)]
 
     return run

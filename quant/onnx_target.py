@@ -22,7 +22,6 @@ the accumulated error, which blames the softmax outputs for noise that arises up
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 import onnx
 
 from . import report as schema
-from .deadline import SearchStopped, stop_note, watching
+from .deadline import NO_DEADLINE, SearchStopped, cut_note, stop_note, watching
 from .drift import Drift, kernel_gap, measure_drift, onnx_runner, tensor_sqnr
 from .latency import onnx_latency, thread_counts
 from .ort_int8 import Preparation, prepare_once, quantize_onnx
@@ -130,27 +129,44 @@ def _build(job: TargetJob, grid: GridSearch, preparation_dir: Path) -> schema.Ta
     trials: list[RecipeTrial] = []
     stopped: list[str] = []  # why the search stopped before the bars, when time ran out
     step_s = 0.0  # how long the last quantize-and-measure step took
+    unwatched_s = 0.0  # the longest it ran between two deadline checks (quant.deadline)
+
+    def fits() -> bool:
+        """Whether a step can start: the time left holds what runs after the search and what
+        the step runs before it can first be stopped."""
+        return job.deadline.allows(unwatched_s, finish_s())
+
+    def search_step(recipe: TargetProfile, int16: tuple[str, ...], first: bool) -> Drift | None:
+        """quantize_and_measure, stopped part way (None) at its first check that would leave
+        less than ``finish_s`` after it; the first step runs to its end (nothing to ship
+        without it) and only measures how long it runs unwatched."""
+        nonlocal step_s, unwatched_s
+        limit = NO_DEADLINE if first else job.deadline.less(finish_s() + unwatched_s)
+        started = time.monotonic()
+        try:
+            with watching(limit) as watch:
+                drift = quantize_and_measure(recipe, int16)
+        except SearchStopped:
+            return None
+        step_s, unwatched_s = time.monotonic() - started, watch.longest_gap_s
+        return drift
 
     def stop(done: str, next_step: str) -> None:
-        stopped.append(stop_note(done, next_step, step_s, job.deadline.left(), finish_s()))
+        left = job.deadline.left()
+        stopped.append(stop_note(done, next_step, unwatched_s, left, finish_s(), watched=True))
 
     with tempfile.TemporaryDirectory() as scratch:
         missed: list[Path] = []  # each missing recipe's file, in case it is the one kept
         for number, recipe in enumerate(profile.int8_recipes):
             step = f"int8 recipe {number + 1}"
-            if number and not job.deadline.allows(step_s, finish_s()):
+            if number and not fits():
                 stop(f"{number} int8 recipe(s)", step)
                 break
             stage("quantize", 0.1, "ONNX Runtime" if not number else step)
-            started = time.monotonic()
-            try:  # a later recipe's bias correction stops between passes when time is up
-                watched = watching(job.deadline.less(finish_s())) if number else None
-                with watched or contextlib.nullcontext():
-                    drift = quantize_and_measure(recipe, ())
-            except SearchStopped:
-                stop(f"{number} int8 recipe(s)", step)
+            drift = search_step(recipe, (), first=not number)
+            if drift is None:
+                stopped.append(cut_note(f"{number} int8 recipe(s)", step, finish_s()))
                 break
-            step_s = time.monotonic() - started
             trials.append(RecipeTrial(recipe, drift))
             if trials[-1].drift.within(bars):
                 break
@@ -167,19 +183,26 @@ def _build(job: TargetJob, grid: GridSearch, preparation_dir: Path) -> schema.Ta
     if not drift.within(bars) and profile.fallback != "none" and not stopped:
         ranked = [e.name for e in sorted(errors, key=lambda e: e.own_sqnr_db)]
         count = FIRST_FALLBACK_STEP
-        while True:
-            if not job.deadline.allows(step_s, finish_s()):
-                stop(f"{len(steps)} fallback step(s)", f"{count} tensors to int16")
-                break
-            stage("fallback", 0.4, f"{count} tensors to int16")
-            started = time.monotonic()
-            int16 = tuple(ranked[:count])
-            drift = quantize_and_measure(profile, int16)
-            step_s = time.monotonic() - started
-            steps.append(FallbackStep(int16, drift))
-            if drift.within(bars) or count >= len(ranked):
-                break
-            count = min(2 * count, len(ranked))
+        with tempfile.TemporaryDirectory() as scratch:
+            measured = Path(scratch) / "measured.onnx"  # back on disk if a step is cut short
+            while True:
+                step = f"{count} tensors to int16"
+                if not fits():
+                    stop(f"{len(steps)} fallback step(s)", step)
+                    break
+                stage("fallback", 0.4, step)
+                shutil.copy(artifact, measured)
+                widened = tuple(ranked[:count])
+                widened_drift = search_step(profile, widened, first=False)
+                if widened_drift is None:
+                    stopped.append(cut_note(f"{len(steps)} fallback step(s)", step, finish_s()))
+                    shutil.copy(measured, artifact)
+                    break
+                int16, drift = widened, widened_drift
+                steps.append(FallbackStep(int16, drift))
+                if drift.within(bars) or count >= len(ranked):
+                    break
+                count = min(2 * count, len(ranked))
         if int16:  # the shipped file's own error profile, for the report
             errors = tensor_sqnr(job.fp32_path, artifact, evaluation)
     check_onnx_artifact(artifact, profile)

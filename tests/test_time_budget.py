@@ -5,6 +5,7 @@ running the whole job into its timeout."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from pathlib import Path
@@ -14,10 +15,21 @@ import pytest
 
 from edge_un import examples
 from quant.bias_correction import correct_biases
-from quant.deadline import Deadline, SearchStopped, watching
+from quant.deadline import NO_DEADLINE, STOPPED, Deadline, SearchStopped, watching
+from quant.drift import measure_drift, onnx_runner
+from quant.onnx_target import build_onnx_target
 from quant.ort_int8 import quantize_onnx
 from quant.pipeline import convert
-from quant.targets import PROFILES
+from quant.target_job import Bars, TargetJob
+from quant.targets import PROFILES, TargetProfile
+
+
+class StartsButCannotRun(Deadline):
+    """An hour left, so every search step starts; but what a step watches (the deadline less
+    the checks after the search) has passed, so it stops at its first check."""
+
+    def less(self, seconds: float) -> Deadline:
+        return Deadline(time.time() - 1)
 
 
 def test_a_search_out_of_time_ships_its_first_file_over_the_bar(tmp_path: Path) -> None:
@@ -71,3 +83,61 @@ def test_a_step_starts_only_if_it_and_the_rest_of_the_build_fit() -> None:
     # what follows the search as the builder measured it: a 60 s step and 30 s after it fit
     assert Deadline(now + 100).allows(60, 30) and not Deadline(now + 100).allows(60, 45)
     assert Deadline(now + 100).less(30).left() < 71
+
+
+def test_a_drift_pass_stops_between_two_batches_and_the_watch_measures_the_step(
+    vit_onnx: dict,
+) -> None:
+    fp32, evaluation = vit_onnx["fp32"]["tda4vm"], vit_onnx["evaluation"]  # batch 1: 300 runs
+    run = onnx_runner(fp32)
+    with watching(Deadline(time.time() - 1)), pytest.raises(SearchStopped):
+        run(evaluation.feeds)
+    started = time.monotonic()
+    with watching(NO_DEADLINE) as watch:
+        time.sleep(0.5)  # the step's stretch before its first check
+        run(evaluation.feeds)
+    assert 0.5 <= watch.longest_gap_s < time.monotonic() - started
+    run(evaluation.feeds)  # watched by nothing: never stopped
+
+
+def search_job(vit_onnx: dict, tmp_path: Path, profile: TargetProfile) -> TargetJob:
+    """The bundled ViT for ``profile`` with a bar no file meets, so every step of its search
+    runs, and a deadline that stops each step after the first at its first check."""
+    fp32, evaluation = vit_onnx["fp32"][profile.name], vit_onnx["evaluation"]
+    (tmp_path / profile.name).mkdir()
+    return TargetJob(
+        profile=profile, fp32_path=fp32, target_dir=tmp_path / profile.name, out_dir=tmp_path,
+        calibration=vit_onnx["calibration"], evaluation=evaluation,
+        reference=onnx_runner(fp32)(evaluation.feeds), bars=Bars(0.0, 1.01),
+        stage=lambda name, fraction, detail=None: None, latency_runs=2,
+        deadline=StartsButCannotRun(time.time() + 3600),
+    )  # fmt: skip
+
+
+def shipped_drift(job: TargetJob) -> tuple[float, float | None]:
+    outputs = onnx_runner(job.target_dir / "model_int8.onnx", exact=True)(job.evaluation.feeds)
+    drift = measure_drift(job.reference, outputs, job.evaluation.labels)
+    return drift.agreement, drift.top1_drop_pts
+
+
+@pytest.mark.parametrize("search", ["int8 ladder", "int16 fallback"])
+def test_a_step_cut_short_ships_the_last_file_measured(
+    vit_onnx: dict, tmp_path: Path, search: str
+) -> None:
+    """The cpu target's second step starts (there is time for it), is stopped part way, and
+    the file on disk is again the one the first step measured, with that step's figures."""
+    cpu = PROFILES["cpu"]
+    profile = cpu if search == "int8 ladder" else dataclasses.replace(cpu, int8_ladder=())
+    job = search_job(vit_onnx, tmp_path, profile)
+    result = build_onnx_target(job)
+    (first,) = result.recipes_tried
+    assert first.recipe == cpu.int8_recipes[0].recipe and result.drift is not None
+    assert result.excluded == [] and result.int16_tensors == []
+    assert (result.drift.agreement, result.drift.top1_drop_pts) == (
+        first.agreement,
+        first.top1_drop_pts,
+    )
+    assert shipped_drift(job) == (first.agreement, first.top1_drop_pts)
+    (stopped,) = [w for w in result.warnings if w.startswith(STOPPED)]
+    step = "int8 recipe 2" if search == "int8 ladder" else "4 tensors to int16"
+    assert f"{step} was stopped part way" in stopped
