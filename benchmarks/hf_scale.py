@@ -146,8 +146,10 @@ def convert(
              "--parallel", str(parallel)],
             preexec_fn=limits, capture_output=True, text=True, timeout=settings.job_timeout_s,
         )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return {"error": f"over the job timeout ({settings.job_timeout_s} s)"}
+    except subprocess.TimeoutExpired as timed_out:
+        lines = (timed_out.stderr or b"").decode(errors="replace").strip().splitlines()
+        return {"error": f"over the job timeout ({settings.job_timeout_s} s)",
+                "wall_s": time.perf_counter() - start, "log_tail": lines[-40:]}  # fmt: skip
     wall = time.perf_counter() - start
     if proc.returncode != 0 or not result.exists():
         lines = proc.stderr.strip().splitlines() or ["no output"]

@@ -11,6 +11,7 @@ import json
 import math
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,9 @@ import torch
 from converters import export_onnx, fold_norms
 from edge_un.models import TextTransformer, VisionTransformer
 from quant import tflite, toolenv
+from quant.data import Samples
+from quant.deadline import NO_DEADLINE, STOPPED, Deadline
+from quant.drift import onnx_runner
 from quant.litert import (
     aligned_tensors,
     latency_tflite,
@@ -30,11 +34,15 @@ from quant.litert import (
     tensor_sqnr_tflite,
     tensor_values,
 )
+from quant.target_job import Bars, TargetJob
+from quant.targets import PROFILES
 from quant.tflite import TfliteArtifacts, convert_int16x8, convert_tflite
 from quant.tflite_flatbuffer import NotFullIntegerError, check_full_integer, inspect_tflite
+from quant.tflite_target import wide_drift
 from quant.tool_sandbox import TfliteConversionError
 from quant.vela import compile_vela
 
+from .deadlines import StartsButCannotRun
 from .servers import missing
 
 
@@ -389,3 +397,37 @@ def test_tool_env_never_deletes_a_directory_that_is_not_a_venv(
     with pytest.raises(toolenv.ToolEnvError, match="is not a virtual environment"):
         toolenv.ensure()
     assert (tmp_path / "precious.txt").is_file()
+
+
+def test_the_16x8_drift_pass_is_costed_first_and_stopped_when_time_is_up(
+    rgb, rgb_16x8, tmp_path: Path
+) -> None:
+    """LiteRT runs a 16x8 file far slower than its int8 file, so a target times one sample of
+    it before its drift pass: with no time for the pass it is not run; started, it stops at
+    its first sample past its deadline; with time it measures the file."""
+    onnx_path, calib, _ = rgb
+    (name,) = [i.name for i in ort.InferenceSession(str(onnx_path)).get_inputs()]
+    evaluation = Samples({name: calib[:8]}, None, "test")
+    imx93 = PROFILES["imx93"]
+
+    def job(deadline: Deadline) -> TargetJob:
+        return TargetJob(
+            profile=imx93, fp32_path=onnx_path, target_dir=tmp_path, out_dir=tmp_path,
+            calibration=evaluation, evaluation=evaluation,
+            reference=onnx_runner(onnx_path)(evaluation.feeds), bars=Bars(0.0, 1.0),
+            stage=lambda stage, fraction, detail=None: None, latency_runs=3, deadline=deadline,
+        )  # fmt: skip
+
+    wide = rgb_16x8.int16x8
+    assert wide is not None
+    stopped: list[str] = []
+    assert wide_drift(wide, job(Deadline(time.time() + 3600)), 1e6, stopped) is None
+    (note,) = stopped
+    assert note.startswith(STOPPED) and "the 16x8 file's drift pass would take about" in note
+    stopped.clear()
+    assert wide_drift(wide, job(StartsButCannotRun(time.time() + 3600)), 0.0, stopped) is None
+    (note,) = stopped
+    assert "the 16x8 file's drift pass was stopped part way" in note
+    stopped.clear()
+    measured = wide_drift(wide, job(NO_DEADLINE), 0.0, stopped)
+    assert measured is not None and measured.samples == len(evaluation) and stopped == []

@@ -23,13 +23,7 @@ from quant.pipeline import convert
 from quant.target_job import Bars, TargetJob
 from quant.targets import PROFILES, TargetProfile
 
-
-class StartsButCannotRun(Deadline):
-    """An hour left, so every search step starts; but what a step watches (the deadline less
-    the checks after the search) has passed, so it stops at its first check."""
-
-    def less(self, seconds: float) -> Deadline:
-        return Deadline(time.time() - 1)
+from .deadlines import StartsButCannotRun
 
 
 def test_a_search_out_of_time_ships_its_first_file_over_the_bar(tmp_path: Path) -> None:
