@@ -238,10 +238,10 @@ def _drift(path: Path, job: TargetJob) -> Drift:
 
 def wide_drift(path: Path, job: TargetJob, rest_s: float, stopped: list[str]) -> Drift | None:
     """The 16x8 file's drift, or None (and why, in ``stopped``) when its measurements would not
-    end in time. Its int16 kernels are LiteRT's reference ones, far slower than the int8
-    file's: ViT-B/16's 16x8 drift pass ran over 5 min, three builds at once, where the int8
-    file's took seconds, and the job ran past its timeout. So its runs are costed from one
-    sample of its own, then the pass runs watching the deadline, less what would follow it."""
+    end in time. LiteRT runs a 16x8 file far slower than its int8 one: ViT-B/16's 16x8 drift
+    pass ran over 5 min, three builds at once, where the int8 file's took seconds, and the job
+    ran past its timeout. So its runs are costed from one sample of its own, then the pass runs
+    watching the deadline, less what would follow it."""
     started = time.monotonic()
     run_tflite(path, job.evaluation.rows(0, 1))
     sample_s = time.monotonic() - started
