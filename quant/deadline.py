@@ -12,7 +12,8 @@ ends in time. A step starts when that watched deadline is still ahead (:meth:`De
 Not by predicting the step's length: a step's last duration says little about the next one's
 when targets build at once and share the cores. BERT-base, 3 targets at once on 2 cores: the
 cpu ladder's second recipe took 201 s while two other builds ran; the third, predicted from it,
-did not start with 415 s left, though it takes 66 s alone and the other builds were ending.
+did not start with 415 s left, though it took 66 s alone (measured once) and the other
+builds were ending.
 A search stopped so ships the best file measured so far, over the bar, with a warning that says
 why (:func:`stop_note`).
 """

@@ -408,13 +408,12 @@ def test_the_16x8_drift_pass_is_costed_first_and_stopped_when_time_is_up(
     onnx_path, calib, _ = rgb
     (name,) = [i.name for i in ort.InferenceSession(str(onnx_path)).get_inputs()]
     evaluation = Samples({name: calib[:8]}, None, "test")
-    imx93 = PROFILES["imx93"]
+    imx93, reference = PROFILES["imx93"], onnx_runner(onnx_path)(evaluation.feeds)
 
     def job(deadline: Deadline) -> TargetJob:
         return TargetJob(
             profile=imx93, fp32_path=onnx_path, target_dir=tmp_path, out_dir=tmp_path,
-            calibration=evaluation, evaluation=evaluation,
-            reference=onnx_runner(onnx_path)(evaluation.feeds), bars=Bars(0.0, 1.0),
+            calibration=evaluation, evaluation=evaluation, reference=reference, bars=Bars(0.0, 1.0),
             stage=lambda stage, fraction, detail=None: None, latency_runs=3, deadline=deadline,
         )  # fmt: skip
 
