@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import resource
 import subprocess
@@ -53,6 +54,7 @@ import torch
 
 import edge_un
 from benchmarks.results_main import RESULTS, ROOT, benchmark_main, save_figure
+from converters.log_levels import loggers_at
 from quant.deadline import STOPPED
 from quant.host import describe_host
 from service.settings import Settings
@@ -109,7 +111,8 @@ def prepare(name: str, work: Path) -> tuple[Path, Path, Path, int]:
     parameters = sum(p.numel() for p in model.parameters())
     example = tuple(torch.from_numpy(array[:1]) for array in data.values())
     onnx_path = work / f"{name}.onnx"
-    with contextlib.redirect_stdout(io.StringIO()):
+    # quiet as the pipeline's own export: onnxscript logs each node constant folding leaves
+    with contextlib.redirect_stdout(io.StringIO()), loggers_at(logging.ERROR):
         torch.onnx.export(model, example, onnx_path, input_names=list(data))
     labels = np.zeros(CALIBRATION + EVALUATION, np.int64)
     calib, evaluation = work / f"{name}-calib.npz", work / f"{name}-eval.npz"
@@ -273,6 +276,30 @@ def markdown(results: dict[str, Any]) -> str:
             "budget stopped it. Random weights and labels that are all 0: a drop of 1 sample "
             "in 100 is over the bar whatever the agreement.",
         ]
+    timed = [(n, k, r) for n, e in results["models"].items() for k, r in e["runs"].items()
+             if any(t.get("latency") for t in r.get("targets", {}).values())]  # fmt: skip
+    if timed:
+        lines += [
+            "",
+            "## Latency in the report, targets built at once",
+            "",
+            "Each target's p50 (ms, batch 1) at 1 and 2 threads as its report gives it; `busy`: "
+            "the cores other work kept busy while it was timed (`others_busy_cores`); `again`: "
+            "the figure was timed on a busy host during the builds and timed again when the "
+            "report was assembled (`quant.quiet_latency`).",
+            "",
+            "| model | run | target | threads | p50 ms | busy | again |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, key, run in timed:
+            for target, record in run["targets"].items():
+                for timing in record.get("latency", []):
+                    busy = timing.get("others_busy_cores")
+                    lines.append(
+                        f"| {name} | {_run_label(key)} | {target} | {timing['threads']} | "
+                        f"{timing['p50_ms']:.1f} | {'-' if busy is None else f'{busy:.2f}'} | "
+                        f"{'yes' if timing.get('retimed') else 'no'} |"
+                    )
     lines += ["", "## Stage times, one target at a time (s)", ""]
     for name, entry in results["models"].items():
         run = entry["runs"].get("1", {})

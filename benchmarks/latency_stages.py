@@ -143,6 +143,10 @@ def main() -> None:
                 "recipes_tried": len(target.recipes_tried),
                 "agreement": None if target.drift is None else target.drift.agreement,
                 "warnings": target.warnings,
+                "latency": [
+                    timing.model_dump(include={"threads", "p50_ms", "others_busy_cores", "retimed"})
+                    for timing in target.latency
+                ],
             }
             for name, target in report.targets.items()
         },

@@ -16,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .data import as_feeds, feed_for
+from .host_load import HostLoad
 
 WARMUP = 10
 RUNS = 100
@@ -33,6 +34,9 @@ class Timing:
     p50_ms: float
     p90_ms: float
     p99_ms: float
+    # how many of this process's cores other work kept busy while the runs were timed (other
+    # targets building at once): the figures are this process's, slowed by that much contention
+    others_busy_cores: float | None = None
 
 
 def time_calls(
@@ -44,11 +48,13 @@ def time_calls(
 ) -> Timing:
     """Run ``call`` ``warmup`` times untimed, then up to ``runs`` times timed one by one,
     stopping early once ``budget_s`` seconds of timed calls have passed and ``MIN_RUNS`` (or
-    ``runs``, if fewer) have run; None times all ``runs``."""
+    ``runs``, if fewer) have run; None times all ``runs``. Says how busy other work kept the
+    host meanwhile (``quant.host_load``)."""
     for _ in range(warmup):
         call()
     least = min(MIN_RUNS, runs)
     samples: list[float] = []
+    load = HostLoad()
     began = time.perf_counter()
     while len(samples) < runs:
         start = time.perf_counter()
@@ -57,8 +63,9 @@ def time_calls(
         samples.append(end - start)
         if budget_s is not None and len(samples) >= least and end - began >= budget_s:
             break
+    others = load.others_busy_cores()
     p50, p90, p99 = np.percentile(np.array(samples) * 1e3, [50, 90, 99])
-    return Timing(threads, len(samples), float(p50), float(p90), float(p99))
+    return Timing(threads, len(samples), float(p50), float(p90), float(p99), others)
 
 
 def thread_counts() -> tuple[int, ...]:

@@ -107,4 +107,5 @@ def latency_record(
         p90_ms=timing.p90_ms,
         p99_ms=timing.p99_ms,
         xnnpack_ops=xnnpack_ops,
+        others_busy_cores=timing.others_busy_cores,
     )

@@ -114,6 +114,12 @@ class Drift(_Model):
     within_bar: bool
 
 
+# Cores other work may keep busy while a file is timed before the report calls its figures
+# contended: a batch-1 Transformer streams its weights from memory on every run, so even work on
+# the other cores slows it (benchmarks/results/latency_contention.md).
+CONTENDED_CORES = 0.5
+
+
 class Latency(_Model):
     runtime: Literal["onnxruntime", "litert"]
     artifact: str
@@ -128,6 +134,23 @@ class Latency(_Model):
         description="LiteRT: {op type: (ops in the file, ops XNNPACK's delegate took)}, read from "
         "the interpreter that timed it (an op it did not take runs on TFLite's own kernels)",
     )
+    others_busy_cores: float | None = Field(
+        default=None,
+        description="how many of the timing process's cores other work (other targets building "
+        "at once, other jobs) kept busy on average while the runs were timed, from the kernel's "
+        f"per-CPU counters (None: not known); from {CONTENDED_CORES} on, the figures are slower "
+        "than on a quiet host, and the summary says so",
+    )
+
+    retimed: bool = Field(
+        default=False,
+        description="timed again once the conversion's builds were done, because the first "
+        "timing was contended; these figures are the second timing's (quant.quiet_latency)",
+    )
+
+    def contended(self) -> bool:
+        """Timed while other work took cores from it: the figures are slower than the file's."""
+        return self.others_busy_cores is not None and self.others_busy_cores >= CONTENDED_CORES
 
 
 class Exclusion(_Model):

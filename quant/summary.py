@@ -192,6 +192,26 @@ def power_of_two_line(target: TargetReport) -> str | None:
     return "power-of-two scales: " + "; ".join(parts)
 
 
+def latency_notes(report: Report) -> list[str]:
+    """What a person reading the latency table should know: which figures were timed while
+    other work kept the host busy (``Latency.contended``), even when timed again once the
+    builds were done (``quant.quiet_latency``), and so are slower than the file."""
+    contended = [
+        f"{target.name} ({timing.runtime}, {timing.artifact}, {timing.threads} thread"
+        f"{'s' * (timing.threads > 1)}): {timing.others_busy_cores:.1f}"
+        for target in report.targets.values()
+        for timing in target.latency
+        if timing.contended()
+    ]
+    if not contended:
+        return []
+    return [
+        "timed while other work (other jobs, other programs; or other targets' builds, where "
+        "the job had no time left to time them again after) kept this many of the host's cores "
+        f"busy: {'; '.join(contended)}. These figures are slower than the file is on a quiet host"
+    ]
+
+
 def latency_title(report: Report) -> str:
     """Where the latency was measured: int8 speed differs by CPU (VNNI or not, Arm dot product)."""
     where = report.host.label() if report.host is not None else "this machine"
@@ -240,6 +260,8 @@ def summary_markdown(report: Report) -> str:
     lines += ([""] + [f"- {line}" for line in extra]) if extra else []
     lines += ["", f"## {latency_title(report)}", ""]
     lines += _table(LATENCY_HEADERS, latency_rows(report))
+    slowed = latency_notes(report)
+    lines += ([""] + [f"- {line}" for line in slowed]) if slowed else []
     users = _artifact_users(report)
     for target in report.targets.values():
         lines += ["", f"## {target.name}: {target.board}", ""]

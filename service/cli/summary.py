@@ -27,6 +27,7 @@ def print_summary(console: Console, report: Report, headline: bool = True) -> No
         LATENCY_HEADERS,
         drift_rows,
         host_kernel_lines,
+        latency_notes,
         latency_rows,
         latency_title,
         norms_line,
@@ -58,6 +59,8 @@ def print_summary(console: Console, report: Report, headline: bool = True) -> No
         latency.add_row(*row)
     console.print()
     output.print_table(console, latency)
+    for line in latency_notes(report):
+        console.print(line)
 
 
 def print_details(console: Console, report: Report) -> None:

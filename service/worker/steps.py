@@ -182,7 +182,9 @@ def report_step(settings: Settings, claim: Claim) -> int:
         staging = prepared.out_dir
         with session_scope(settings) as session:
             lost = job_targets.failures(session, claim.job_id, claim.attempt)
-        report = assemble(prepared, lost, progress)
+            started_at = session.scalar(select(Job.started_at).where(Job.id == claim.job_id))
+        # a figure timed while other builds ran is timed again only within the builds' time
+        report = assemble(prepared, lost, progress, build_deadline(settings, started_at))
         failures = report.failures()
         error = failures if report.outcome() == "failed" else None
     except Exception as caught:
