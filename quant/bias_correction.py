@@ -172,6 +172,7 @@ def channel_means(
     for start, chunk in zip(
         range(0, len(samples), size), samples.batches(size, pad=fixed is not None), strict=True
     ):
+        check_deadline()  # a search may stop here, between two batches
         real = min(size, len(samples) - start)  # the rest of a padded batch repeats its last row
         outputs = session.run(names, feed_for(input_names, chunk))
         for name, value in zip(names, outputs, strict=True):

@@ -5,9 +5,11 @@ drift fallback takes one more step than the time left allows would run the whole
 timeout, and the user would get nothing. So a search step runs :func:`watching` a deadline: the
 job's, less what follows the search (the shipped file's checks, its error profile, its latency,
 as long as the builder estimates from what it measured) and less the longest stretch the step
-runs between two :func:`check` calls (its loops check: bias correction between two biases, a
-drift pass between two batches). Past it, the step stops at its next check, and the build still
-ends in time. A step starts when that watched deadline is still ahead (:meth:`Deadline.allows`).
+runs between two :func:`check` calls (its loops check: bias correction between two biases;
+ORT's calibration, the fp32 passes and a drift pass between two batches; the end of ORT's
+pre-processing ends a stretch too). Past it, the step stops at its next check, and the build
+still ends in time. A step starts when that watched deadline is still ahead
+(:meth:`Deadline.allows`).
 
 Not by predicting the step's length: a step's last duration says little about the next one's
 when targets build at once and share the cores. BERT-base, 3 targets at once on 2 cores: the

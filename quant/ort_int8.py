@@ -48,6 +48,7 @@ from .bias_correction import (
     mean_sites,
 )
 from .data import Feeds, Samples, feed_for
+from .deadline import check as check_deadline
 from .graph_walk import graph_input_names, static_batch
 from .ort_graph import linear_as_gemm
 from .ort_options import computing_options
@@ -82,6 +83,7 @@ class SamplesReader(CalibrationDataReader):
         self.position = 0
 
     def get_next(self) -> dict[str, np.ndarray] | None:
+        check_deadline()  # a search may stop here, between two batches of ORT's calibration
         if self.position >= len(self.batches):
             return None
         self.position += 1
@@ -200,6 +202,7 @@ def prepare_once(
     its ranges are measured by the first quantization given it."""
     with _quiet():
         graph = prepare_for_quantization(fp32_path, profile, directory)
+    check_deadline()  # the preparation runs unwatched: a stretch of its own, not the calibration's
     return Preparation(
         fp32_path, profile.gemm_linears, calibration, graph, directory / "calibration_ranges.json"
     )
@@ -260,6 +263,7 @@ def calibration_pass(
     for start, chunk in zip(
         range(0, len(calibration), batch), calibration.batches(batch, pad=pad), strict=True
     ):
+        check_deadline()  # a search may stop here, between two batches
         chooses = start < POWER_OF_TWO_SAMPLES
         if not chooses and not means_of:
             break

@@ -139,9 +139,9 @@ class Latency(_Model):
         description="how many of the timing process's cores other work (other targets building "
         "at once, other jobs) kept busy on average while the runs were timed, from the kernel's "
         f"per-CPU counters (None: not known); from {CONTENDED_CORES} on, the figures are slower "
-        "than on a quiet host, and the summary says so",
+        "than on a quiet host: the report's assembly times them again (retimed), and the "
+        "summaries name those still timed on a busy host",
     )
-
     retimed: bool = Field(
         default=False,
         description="timed again once the conversion's builds were done, because the first "

@@ -18,7 +18,7 @@ from quant.bias_correction import correct_biases
 from quant.deadline import NO_DEADLINE, STOPPED, Deadline, SearchStopped, watching
 from quant.drift import measure_drift, onnx_runner
 from quant.onnx_target import build_onnx_target
-from quant.ort_int8 import quantize_onnx
+from quant.ort_int8 import prepare_once, quantize_onnx
 from quant.pipeline import convert
 from quant.target_job import Bars, TargetJob
 from quant.targets import PROFILES, TargetProfile
@@ -67,6 +67,29 @@ def test_bias_correction_stops_between_its_passes_once_the_deadline_passed(vit_o
     with watching(Deadline(time.time() + 3600)):
         assert correct_biases(model, fp32, vit_onnx["calibration"]) > 0
     assert model.SerializeToString() != before
+
+
+def test_a_quantization_stops_after_its_preparation_and_between_calibration_batches(
+    vit_onnx: dict, tmp_path: Path
+) -> None:
+    """A step's quantization checks its deadline when ORT's pre-processing ends and before each
+    batch of ORT's MinMax calibration (a first recipe without bias correction checked nowhere:
+    its whole quantization was one unwatched stretch, which made the budget hold back the next
+    step by all of it). Past the deadline it stops there, before writing its file."""
+    cpu, calibration = PROFILES["cpu"], vit_onnx["calibration"]
+    fp32_path = vit_onnx["fp32"]["cpu"]
+    assert not cpu.bias_correction  # the first recipe: no bias correction, whose loop checks
+    (tmp_path / "stopped").mkdir()
+    with watching(Deadline(time.time() - 1)), pytest.raises(SearchStopped):
+        prepare_once(fp32_path, cpu, calibration, tmp_path / "stopped")
+    preparation = prepare_once(fp32_path, cpu, calibration, tmp_path)
+    out = tmp_path / "cpu_int8.onnx"
+    with watching(Deadline(time.time() - 1)), pytest.raises(SearchStopped):
+        quantize_onnx(fp32_path, out, cpu, calibration, preparation=preparation)
+    assert not out.exists() and not preparation.ranges.exists()  # stopped before any range
+    with watching(Deadline(time.time() + 3600)):
+        quantize_onnx(fp32_path, out, cpu, calibration, preparation=preparation)
+    assert out.exists() and preparation.ranges.exists()
 
 
 def test_a_step_starts_only_if_it_and_the_rest_of_the_build_fit() -> None:
