@@ -31,8 +31,8 @@ from .records import latency_record
 
 log = logging.getLogger(__name__)
 
-# Loading the file (a session, an interpreter with XNNPACK) before its runs: BERT-base's int8
-# ONNX file ~1.5 s here, a bundled example's a few ms.
+# Loading the file (a session, an interpreter with XNNPACK) before its runs, with a margin:
+# BERT-base's int8 ONNX session took 0.4 s here (measured once, beside other work).
 LOAD_S = 3.0
 
 Key = tuple[str, str, int]  # the file's sha256, runtime, threads
