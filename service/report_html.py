@@ -76,6 +76,7 @@ def report_page(report_json: Path) -> str:
 def render_report_html(report: Report) -> str:
     """The whole page for ``report``: summary, drift and latency tables, plots, failures."""
     title = f"edge-un conversion: {report.model.name}"
+    slowed = latency_notes(report)
     body = [
         f"<h1>{escape(title)}</h1>",
         f'<p class="muted">edge-un {escape(report.edge_un_version)}, report schema '
@@ -97,7 +98,7 @@ def render_report_html(report: Report) -> str:
             "latency",
             numeric=(3, 4, 5, 6),
         ),
-        _list(latency_notes(report)) if latency_notes(report) else "",
+        _list(slowed) if slowed else "",
         _failures(report),
         "<h2>Plots</h2>",
         *_plots(report),
