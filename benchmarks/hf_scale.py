@@ -322,7 +322,38 @@ def markdown(results: dict[str, Any]) -> str:
             lines += [f"### {name}", "", "| target | first event | last event |", "|---|---|---|"]
             lines += [f"| {t} | {a:.0f} | {b:.0f} |" for t, (a, b) in spans.items()]
             lines.append("")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _target_stages(results)) + "\n"
+
+
+def _target_stages(results: dict[str, Any]) -> list[str]:
+    """Each target's own stages in the runs that built targets at once and kept its events:
+    where each target's time went while the others ran beside it."""
+    runs = [
+        (name, key, run)
+        for name, entry in results["models"].items()
+        for key, run in entry["runs"].items()
+        if key != "1" and run.get("target_events_s")
+    ]
+    if not runs:
+        return []
+    lines = [
+        "## Each target's stages, targets built at once (s from the start)",
+        "",
+        "A stage lasts until the target's next event; its last one until its build ended, which "
+        "no event marks (`-`). Repeated events of one stage are one row.",
+        "",
+    ]
+    for name, key, run in runs:
+        lines += [f"### {name}, {_run_label(key)}", "", "| target | stage | start | s |"]
+        lines.append("|---|---|---|---|")
+        for target, events in run["target_events_s"].items():
+            merged = [e for i, e in enumerate(events) if not i or e[0] != events[i - 1][0]]
+            ends = [start for _, start in merged[1:]] + [None]
+            for (stage, start), end in zip(merged, ends, strict=True):
+                length = "-" if end is None else f"{end - start:.0f}"
+                lines.append(f"| {target} | {stage} | {start:.0f} | {length} |")
+        lines.append("")
+    return lines
 
 
 def _run_label(key: str) -> str:

@@ -5,13 +5,15 @@
 
 Stage wall times are the time between successive ``progress(event)`` calls (a stage lasts until
 the next one starts), each stage named by its event's ``label`` (``cpu: quantize (ONNX
-Runtime)``). Peak memory: this process's own peak RSS (the pipeline in Python, ONNX Runtime,
-LiteRT; VmHWM), the largest RSS of any one tool subprocess (onnx2tf, TensorFlow's converter,
-Vela) and of the whole process tree (what the machine had to hold at once), both sampled every
-0.2 s with psutil; and the largest address space any one process of the tree reached (its
-VmPeak, read at each sample), which is what the service's ``EDGE_UN_JOB_MEMORY_MB`` caps.
-``--budget-s``: the targets' builds must end that many seconds after the start (the service's
-job deadline): a search for a file within the bars ships its best file when time runs out.
+Runtime)``); targets built at once interleave their events, so each target's own events are
+kept too (``target_events_s``). Peak memory: this process's own peak RSS (the pipeline in Python,
+ONNX Runtime, LiteRT; VmHWM), the largest RSS of any one tool subprocess (onnx2tf, TensorFlow's
+converter, Vela) and of the whole process tree (what the machine had to hold at once), both
+sampled every 0.2 s with psutil; and the largest address space any one process of the tree
+reached (its VmPeak, read at each sample), which is what the service's
+``EDGE_UN_JOB_MEMORY_MB`` caps. ``--budget-s``: the targets' builds must end that many seconds
+after the start (the service's job deadline): a search for a file within the bars ships its best
+file when time runs out.
 """
 
 from __future__ import annotations
@@ -91,12 +93,15 @@ def main() -> None:
     deadline = None if args.budget_s is None else time.time() + args.budget_s
     events: list[tuple[str, float]] = []
     spans: dict[str, list[float]] = {}  # each target's first and last event
+    by_target: dict[str, list[tuple[str, float]]] = {}  # each target's events, in order
 
     def progress(event: ProgressEvent) -> None:
         now = time.perf_counter() - start
         events.append((event.label, now))
         if event.target:
             spans.setdefault(event.target, [now, now])[1] = now
+            stage = event.label.removeprefix(f"{event.target}: ")
+            by_target.setdefault(event.target, []).append((stage, now))
 
     from quant.pipeline import convert  # imported inside the timed process, not before
     from quant.targets import parse_targets
@@ -130,6 +135,12 @@ def main() -> None:
         "parallel": args.parallel,
         **({"stages": stages} if args.parallel == 1 else {}),
         "target_spans_s": {name: [round(a, 1), round(b, 1)] for name, (a, b) in spans.items()},
+        # a target's stage lasts until its next event (its last one: until its build ended,
+        # which sends none)
+        "target_events_s": {
+            name: [[label, round(t, 1)] for label, t in target_events]
+            for name, target_events in by_target.items()
+        },
         "peak_rss_mb": round(_hwm_mb(), 1),
         "peak_child_rss_mb": round(peak["child"] / 2**20, 1),
         "peak_tree_rss_mb": round(peak["tree"] / 2**20, 1),

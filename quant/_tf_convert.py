@@ -6,10 +6,15 @@ imports its calibration helpers, to check its model on the same samples). Why no
 quantize (``-oiqt``): it writes five quantized variants from one calibration set (we need two), and
 it casts every calibration input to float32, so a model with an int64 input (text token ids) cannot
 be fully integer-quantized at all. Here the representative data keeps the input's dtype.
-``quant.tflite`` asks for the files one process each for a large model (BERT-base's float32 and int8
-conversions in one process peaked at 7.8 GB resident, each in a process of its own at 5.6 GB and 6.4
-GB, the files byte-identical: memory a conversion left behind counted against the next one), all in
-one process for a small one (each process loads TensorFlow and the saved_model again).
+
+Asked for both, the float32 file is the int8 conversion's own: TensorFlow converts the saved_model
+to a float TFLite model, calibrates that model and quantizes it, and that float model is written as
+the float32 file. A conversion of its own did that same first step again: BERT-base's float32 file
+took 31.5 s of a process (TensorFlow, the saved_model, the MLIR conversion), and in the int8
+process's 78 s the float model was 10.5 s of MLIR conversion, calibration 44.4 s, quantizing 8.1 s
+(measured once each, alone on the 2-core host). Same ops, same tensor names, equal values on every
+tensor (BERT-base, and tests/test_tflite.py); the file lacks only the converter's
+CONVERSION_METADATA entry.
 
 The converter settings are onnx2tf's own (``from_saved_model``, per-channel weights,
 ``unfold_batchmatmul=False`` so attention stays BATCH_MATMUL), minus ``SELECT_TF_OPS``: a
@@ -18,8 +23,9 @@ fails the conversion here instead of slipping through.
 
     python _tf_convert.py SAVED_MODEL CALIB.npz MODE=OUT [MODE=OUT ...]   # float32, int8, int16x8
 
-The float32 file (LiteRT's fp32 reference for drift and latency) takes the same route without
-quantization; it is what onnx2tf's own ``*_float32.tflite`` holds, minus the Flex-op escape hatch.
+The float32 file (LiteRT's fp32 reference for the per-tensor SQNR and for benchmarks' latency),
+asked for alone, takes the same route without quantization; it is what onnx2tf's own
+``*_float32.tflite`` holds, minus the Flex-op escape hatch.
 
 CALIB.npz holds the calibration samples, one array per model input named as the ONNX model names
 it (onnx2tf keeps those names as the signature's keys), float32 or int64, one sample per row (the
@@ -33,9 +39,11 @@ says why. A failed 16x8 conversion (TensorFlow has no 16x8 path for some graphs)
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
+from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -110,17 +118,35 @@ def _representative(calib: dict[str, np.ndarray], dtypes: dict[str, tf.dtypes.DT
     return gen
 
 
+def _keeping_float_model(converter: tf.lite.TFLiteConverter, keep: Callable[[bytes], None]) -> None:
+    """Hand ``keep`` the float TFLite model the converter is about to calibrate and quantize.
+    ``_quantize`` (TensorFlow 2.19, the tool env's pin) takes it as its first argument; a
+    TensorFlow whose converter no longer calls it keeps nothing, and ``main`` then fails on the
+    missing file rather than writing a float32 file of another model."""
+    quantize = converter._quantize
+
+    def quantize_and_keep(model: bytes, *args, **kwargs) -> bytes:
+        keep(bytes(model))
+        return quantize(model, *args, **kwargs)
+
+    converter._quantize = quantize_and_keep
+
+
 def _convert(
     saved_model: str,
     calib: dict[str, np.ndarray],
     dtypes: dict[str, tf.dtypes.DType],
     mode: str,
+    keep_float: Callable[[bytes], None] | None = None,
 ) -> bytes:
+    """The ``mode`` file's bytes; a quantized mode gives ``keep_float`` its float model."""
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model)
     converter.unfold_batchmatmul = False
     if mode == "float32":
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
         return converter.convert()
+    if keep_float is not None:
+        _keeping_float_model(converter, keep_float)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     converter.representative_dataset = _representative(calib, dtypes)
     converter._experimental_disable_per_channel = False
@@ -162,9 +188,16 @@ def main() -> int:
     dtypes = {key: dtype for key, (dtype, _) in signature.items()}
     for key, (dtype, shape) in signature.items():
         print(f"input {key!r} {dtype.name} {shape}; {len(calib[key])} samples", flush=True)
+    outputs = dict(files)
+    float_from_int8 = {"float32", "int8"} <= outputs.keys()  # one conversion writes both
     for mode, out in files:
+        if mode == "float32" and float_from_int8:
+            continue  # written by the int8 conversion, before its int8 file
+        keep = None
+        if mode == "int8" and float_from_int8:
+            keep = functools.partial(_write, "float32", outputs["float32"])
         try:
-            model = _convert(args.saved_model, calib, dtypes, mode)
+            model = _convert(args.saved_model, calib, dtypes, mode, keep)
         except Exception as exc:  # the converter raises many types; report one line
             message = (
                 f"{mode} conversion failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
@@ -175,10 +208,17 @@ def main() -> int:
             # 16x8 is the fallback file, not the product: the int8 file still ships.
             print(f"warning: {message[:400]}", flush=True)
             continue
-        with open(out, "wb") as f:
-            f.write(model)
-        print(f"wrote {mode}: {out} ({len(model)} bytes)", flush=True)
+        if keep is not None and not os.path.isfile(outputs["float32"]):
+            print("error: the int8 conversion handed over no float model", file=sys.stderr)
+            return 1
+        _write(mode, out, model)
     return 0
+
+
+def _write(mode: str, out: str, model: bytes) -> None:
+    with open(out, "wb") as f:
+        f.write(model)
+    print(f"wrote {mode}: {out} ({len(model)} bytes)", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ calibration samples, built again in onnx2tf's strict mode where it disagrees, re
 that disagrees too), ``quant/_onnx_to_saved_model.py`` saves it as a plain
 saved_model (onnx2tf's own command would also write float32 and float16 TFLite files through
 TensorFlow's Keras path, which takes 14+ min for a BERT-base), then ``quant/_tf_convert.py``
-converts that saved_model to float32 (LiteRT's reference) and full int8 (int8 I/O), and on
+converts that saved_model to full int8 (int8 I/O) in one TensorFlow process, which also writes
+the float model it quantized as float32 (LiteRT's reference), and on
 demand (``convert_int16x8``: a target whose int8 file misses the bars) to 16x8 (int16
 activations, int8 weights, int16 I/O), the last two with the same calibration data.
 All use onnx2tf's own converter settings, so the int8 file is what ``onnx2tf -oiqt`` would
@@ -52,10 +53,6 @@ ONNX2TF_LOG = "onnx2tf.log"
 QUANTIZE_LOG = "tf_convert_{modes}.log"  # one per TensorFlow process: "float32_int8"
 SAVED_MODEL_NAME = "saved_model"  # kept beside the files, for a 16x8 file made later
 CALIBRATION_NAME = "calibration.npz"  # the calibration samples as the converter takes them
-# A saved_model this large gets a TensorFlow process per file: BERT-base's float32 and int8 files
-# in one process peaked at 7.8 GB resident, apart at 5.6 and 6.4 GB. A smaller one's files share
-# one process, as each process loads TensorFlow and the saved_model again.
-PROCESS_PER_FILE_BYTES = 64 * 2**20
 SAMPLE_DATA_NAME = "calibration_image_sample_data_20x128x128x3_float32.npy"
 SAVED_MODEL_SCRIPT = Path(__file__).with_name("_onnx_to_saved_model.py")
 TF_CONVERT_SCRIPT = Path(__file__).with_name("_tf_convert.py")
@@ -65,8 +62,8 @@ TF_CONVERT_SCRIPT = Path(__file__).with_name("_tf_convert.py")
 class TfliteArtifacts:
     """What one conversion produced, all inside ``work_dir``.
 
-    ``float32`` is the fp32 TFLite file of the same saved_model (LiteRT's reference for drift and
-    latency).
+    ``float32`` is the fp32 TFLite file of the same saved_model, the float model the int8 file
+    was quantized from (LiteRT's reference for the per-tensor SQNR).
     ``tensor_map`` maps TFLite tensor names to the ONNX tensor names onnx2tf started from
     (best effort, see ``quant.litert.onnx_names``). ``int16x8`` is None until
     ``convert_int16x8`` made it, and when TensorFlow has no 16x8 path for the model; ``notes``
@@ -202,11 +199,9 @@ def convert_tflite(
             f"(full log: {work_dir / ONNX2TF_LOG})"
         )
     start = time.monotonic()
-    size = sum(f.stat().st_size for f in saved_model.rglob("*") if f.is_file())
+    # one conversion: the float32 file is the float model the int8 conversion quantizes
     files = [("float32", float32), ("int8", int8)]
-    processes = [[file] for file in files] if size > PROCESS_PER_FILE_BYTES else [files]
-    for group in processes:  # the int8 file's process is the last one
-        _, quantize_log = _tf_convert(saved_model, calib_file, group, env_dir, deadline, isolate)
+    _, quantize_log = _tf_convert(saved_model, calib_file, files, env_dir, deadline, isolate)
     quantize_s = time.monotonic() - start
     if not int8.is_file() or not float32.is_file():
         raise TfliteConversionError(

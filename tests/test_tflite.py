@@ -146,21 +146,34 @@ def test_the_16x8_file_is_made_on_demand_from_the_kept_saved_model(rgb, rgb_16x8
     )
 
 
-def test_a_large_models_files_come_from_a_process_each_and_are_the_same_files(
-    rgb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_the_float32_file_is_the_float_model_the_int8_conversion_quantized(
+    rgb, tmp_path: Path
 ) -> None:
-    """Over ``PROCESS_PER_FILE_BYTES`` of saved_model (BERT-base's 417 MB), each file is
-    converted by a TensorFlow process of its own (memory one conversion left behind does not
-    count against the next): the same bytes as from one process."""
-    onnx_path, calib, together = rgb
-    monkeypatch.setattr(tflite, "PROCESS_PER_FILE_BYTES", 0)
-    apart = convert_tflite(onnx_path, calib, tmp_path / "apart", smoke_run=False)
-    for mode in ("float32", "int8"):
-        log = (tmp_path / "apart" / f"tf_convert_{mode}.log").read_text()
-        assert "# exit code 0" in log and f"wrote {mode}: " in log and log.count("wrote ") == 1
-    assert apart.quantize_log.name == "tf_convert_int8.log"
-    for name in ("int8", "float32"):
-        assert getattr(apart, name).read_bytes() == getattr(together, name).read_bytes(), name
+    """One TensorFlow conversion writes both files: its float32 file computes, tensor by tensor,
+    what the saved_model converted to float32 alone computes (the float32 file is LiteRT's
+    reference for the per-tensor SQNR, paired with the int8 file by tensor name)."""
+    _, calib, artifacts = rgb
+    alone = tmp_path / "alone.tflite"
+    tflite._tf_convert(
+        artifacts.saved_model,
+        artifacts.calibration,
+        [("float32", alone)],
+        toolenv.require(),
+        time.monotonic() + 300,
+        isolate=False,
+    )
+    kept, converted = inspect_tflite(artifacts.float32), inspect_tflite(alone)
+    assert kept.ops == converted.ops and kept.input_dtypes == ("float32",)
+    samples = calib[:4]
+    kept_values, converted_values = (
+        tensor_values(path, samples) for path in (artifacts.float32, alone)
+    )
+    assert kept_values.keys() == converted_values.keys()
+    for name, values in converted_values.items():
+        np.testing.assert_allclose(kept_values[name], values, rtol=0, atol=1e-6, err_msg=name)
+    assert set(aligned_tensors(artifacts.int8, artifacts.float32)) == set(
+        aligned_tensors(artifacts.int8, alone)
+    )
 
 
 def test_inspect_finds_float_ops_so_the_check_can_fail(rgb, rgb_16x8) -> None:
