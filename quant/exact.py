@@ -52,9 +52,9 @@ def exact_session(
     threads: int = 0,
 ) -> ort.InferenceSession:
     """A session of ``model`` in its arithmetic as written (graph optimizations off), on
-    ``threads`` threads (0: ORT's default). A bare graph is a piece of the model ``like`` and
-    takes its opsets and IR version; a serialized model (bytes) lets the caller drop the proto
-    before ORT makes its own copy of the weights."""
+    ``threads`` threads (0: as many as other work leaves, ``quant.ort_options``). A bare graph
+    is a piece of the model ``like`` and takes its opsets and IR version; a serialized model
+    (bytes) lets the caller drop the proto before ORT makes its own copy of the weights."""
     if isinstance(model, onnx.GraphProto):
         if like is None:
             raise ValueError("a graph runs with the opsets of the model it comes from: give it")

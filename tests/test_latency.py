@@ -13,7 +13,10 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from quant.host_load import MIN_WINDOW_S
+import pytest
+
+from quant import ort_options
+from quant.host_load import MIN_WINDOW_S, CoresLeft
 from quant.latency import MIN_RUNS, time_calls
 from quant.report import CONTENDED_CORES
 
@@ -84,3 +87,18 @@ def test_a_short_timing_is_measured_over_the_counters_resolution() -> None:
     assert time.perf_counter() - began >= MIN_WINDOW_S
     assert timing.others_busy_cores is not None
     assert 0.0 <= timing.others_busy_cores <= len(os.sched_getaffinity(0))
+
+
+def test_a_computing_session_takes_the_cores_other_work_leaves_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Beside a process spinning on each core, a session that computes takes one thread, not one
+    per core (builds at once would each take every core); a count asked for is kept."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core: a session takes one thread whatever the load")
+    monkeypatch.setattr(ort_options, "cores_left", CoresLeft())  # its first question: from now
+    with busy_cores(cores):
+        assert ort_options.computing_options().intra_op_num_threads == 1
+        assert CoresLeft()() == 1
+    assert ort_options.computing_options(threads=cores + 1).intra_op_num_threads == cores + 1
