@@ -11,7 +11,7 @@ Asked for both, the float32 file is the int8 conversion's own: TensorFlow conver
 to a float TFLite model, calibrates that model and quantizes it, and that float model is written as
 the float32 file. A conversion of its own did that same first step again: BERT-base's float32 file
 took 31.5 s of a process (TensorFlow, the saved_model, the MLIR conversion), and in the int8
-process's 78 s the float model was 10.5 s of MLIR conversion, calibration 44.4 s, quantizing 8.1 s
+process's 79 s the float model was 10.5 s of MLIR conversion, calibration 44.4 s, quantizing 8.1 s
 (measured once each, alone on the 2-core host). Same ops, same tensor names, equal values on every
 tensor (BERT-base, and tests/test_tflite.py); the file lacks only the converter's
 CONVERSION_METADATA entry.

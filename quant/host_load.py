@@ -101,8 +101,11 @@ class CoresLeft:
     def __init__(self) -> None:
         self._load: HostLoad | None = None
         self._answer = 0
+        self._pid = os.getpid()
 
     def __call__(self) -> int:
+        if self._pid != os.getpid():  # forked: the stretch began with the parent's CPU time
+            self._load, self._answer, self._pid = None, 0, os.getpid()
         cores = len(_cpus()) or os.cpu_count() or 1
         since = None if self._load is None else time.perf_counter() - self._load.start.wall_s
         if since is not None and since < MIN_WINDOW_S and self._answer:

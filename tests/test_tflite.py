@@ -154,13 +154,18 @@ def test_the_float32_file_is_the_float_model_the_int8_conversion_quantized(
     reference for the per-tensor SQNR, paired with the int8 file by tensor name)."""
     _, calib, artifacts = rgb
     alone = tmp_path / "alone.tflite"
-    tflite._tf_convert(
-        artifacts.saved_model,
-        artifacts.calibration,
-        [("float32", alone)],
-        toolenv.require(),
-        time.monotonic() + 300,
-        isolate=False,
+    subprocess.run(
+        [
+            str(toolenv.python_path(toolenv.require())),
+            str(tflite.TF_CONVERT_SCRIPT),
+            str(artifacts.saved_model),
+            str(artifacts.calibration),
+            f"float32={alone}",
+        ],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     kept, converted = inspect_tflite(artifacts.float32), inspect_tflite(alone)
     assert kept.ops == converted.ops and kept.input_dtypes == ("float32",)
