@@ -105,14 +105,14 @@ class CoresLeft:
 
     def __call__(self) -> int:
         if self._pid != os.getpid():  # forked: the stretch began with the parent's CPU time
-            self._load, self._answer, self._pid = None, 0, os.getpid()
-        cores = len(_cpus()) or os.cpu_count() or 1
+            self._load, self._pid = None, os.getpid()
         since = None if self._load is None else time.perf_counter() - self._load.start.wall_s
-        if since is not None and since < MIN_WINDOW_S and self._answer:
+        if since is not None and since < MIN_WINDOW_S:  # answered with the stretch just begun
             return self._answer
         load = HostLoad() if since is None or since > RECENT_S else self._load
         busy = load.others_busy_cores()  # a fresh stretch waits MIN_WINDOW_S here
         self._load = HostLoad()
+        cores = len(_cpus()) or os.cpu_count() or 1
         self._answer = cores if busy is None else max(1, cores - round(busy))
         return self._answer
 
