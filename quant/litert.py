@@ -32,15 +32,17 @@ _KERAS_PREFIX = re.compile(r"^model(_\d+)?/")
 _SIGNATURE_NAME = re.compile(r"^serving_default_(.*?)(:\d+)?$")
 
 
-def _interpreter(path: str | Path, threads: int = 1, *, all_tensors: bool = False) -> Interpreter:
+def _interpreter(
+    path: str | Path, threads: int = 1, *, all_tensors: bool = False, builtin: bool = False
+) -> Interpreter:
     """XNNPACK (the default delegate) for outputs and latency; the plain builtin kernels when
-    every tensor must be kept (a delegated partition keeps only its outputs)."""
-    if all_tensors:
+    every tensor must be kept (a delegated partition keeps only its outputs) or ``builtin``."""
+    if all_tensors or builtin:
         interp = Interpreter(
             model_path=str(path),
             num_threads=threads,
             experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
-            experimental_preserve_all_tensors=True,
+            experimental_preserve_all_tensors=all_tensors,
         )
     else:
         interp = Interpreter(model_path=str(path), num_threads=threads)
@@ -322,14 +324,15 @@ def _head(feeds: Feeds, count: int) -> Feeds:
 
 
 def sample_runner(
-    path: str | Path, inputs: Inputs, threads: int = 1
+    path: str | Path, inputs: Inputs, threads: int = 1, *, builtin: bool = False
 ) -> Callable[[int], np.ndarray]:
     """``run(i)``: one batch-1 inference of the file on sample ``i`` of ``inputs``, with XNNPACK
-    on ``threads`` threads (set the inputs, invoke, read the output tensor, as the file holds
+    on ``threads`` threads, or LiteRT's builtin kernels alone (``builtin``), as int16 files and
+    ops XNNPACK refuses run (set the inputs, invoke, read the output tensor, as the file holds
     it: not dequantized). The interpreter is made and the inputs are put in the file's layout
     and types once, here, so a call is only the inference: what ``latency_tflite`` times, for a
     caller that times calls its own way."""
-    interp = _interpreter(path, threads)
+    interp = _interpreter(path, threads, builtin=builtin)
     feeder = _Feeder(interp, inputs)
     out_index = interp.get_output_details()[0]["index"]
 

@@ -250,15 +250,10 @@ def convert_int16x8(
     Raises TfliteConversionError (one line), or toolenv.ToolEnvMissingError."""
     wide = converted.int8.with_name(INT16X8_NAME)
     wide.unlink(missing_ok=True)
+    if (blocked := int16x8_blocker(converted)) is not None:
+        return dataclasses.replace(converted, notes=(*converted.notes, blocked))
     with np.load(converted.calibration, allow_pickle=False) as archive:
-        integer = [name for name in archive.files if archive[name].dtype.kind in "iu"]
         first = {name: archive[name][:1] for name in archive.files}
-    if integer:
-        note = (
-            "int16x8 conversion skipped: TensorFlow has no 16x8 path for integer "
-            f"input(s) {', '.join(integer)}"
-        )
-        return dataclasses.replace(converted, notes=(*converted.notes, note))
     env_dir = toolenv.require()
     deadline = time.monotonic() + timeout_s
     output, log = _tf_convert(
@@ -281,6 +276,20 @@ def convert_int16x8(
         converted,
         int16x8=wide if wide.is_file() else None,
         notes=converted.notes + notes,
+    )
+
+
+def int16x8_blocker(converted: TfliteArtifacts) -> str | None:
+    """Why TensorFlow has no 16x8 path for the model ``converted`` came from, or None: its
+    16x8 calibration wants a range for each integer input (token ids, a mask) that it never
+    records."""
+    with np.load(converted.calibration, allow_pickle=False) as archive:
+        integer = [name for name in archive.files if archive[name].dtype.kind in "iu"]
+    if not integer:
+        return None
+    return (
+        "int16x8 conversion skipped: TensorFlow has no 16x8 path for integer "
+        f"input(s) {', '.join(integer)}"
     )
 
 

@@ -27,6 +27,7 @@ from .litert import (
     onnx_names,
     op_graph,
     run_tflite,
+    sample_runner,
     tensor_sqnr_tflite,
     xnnpack_ops,
 )
@@ -43,11 +44,16 @@ from .rules import unsupported_ops
 from .sources import Source, derived_sources, label_of, onnx_sources, placed_ops
 from .target_job import TargetJob
 from .tflite import SAVED_MODEL_NAME as SAVED_MODEL
-from .tflite import TfliteArtifacts, convert_int16x8, convert_tflite
+from .tflite import TfliteArtifacts, convert_int16x8, convert_tflite, int16x8_blocker
 from .tflite_flatbuffer import OpRef, check_full_integer, inspect_tflite
 from .tool_sandbox import TfliteConversionError
 from .vela import VelaResult, compile_vela, cpu_op_name
 
+# One sample of a 16x8 file in LiteRT, at least this many times one of the float32 file on the
+# builtin kernels (XNNPACK takes no int16 op, so the 16x8 file runs on those too): 3.5-4.5 for
+# the bundled ViTs and ViT-B/16 (benchmarks/results/litert_16x8.md). The int8 file is no guide:
+# the ratio to it grows with the model (20x for the bundled ViTs, 80x for ViT-B/16).
+WIDE_PER_FLOAT_SAMPLE = 3.0
 # What a shipped 16x8 file runs after its drift pass, in one-sample runs: its SQNR pass (up to
 # SQNR_SAMPLES, beside the float32 file's) and its latency (warm-up and at least 20 timed runs at
 # each thread count, ``quant.latency``).
@@ -66,18 +72,17 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     stage("drift", 0.45, "LiteRT")
     started = time.monotonic()
     pure = _drift(int8, job)
-    # the 16x8 file: a conversion and a drift pass, each at least as long as the int8 file's
+    # what the build runs after a 16x8 file's own runs: about a conversion and a drift pass
     step_s = converted.quantize_s + time.monotonic() - started
     shipped, drift, excluded, vela_pure, stopped = int8, pure, [], None, []
     if profile.fallback == "int16_model" and not pure.within(bars):
-        if job.deadline.allows(step_s):
+        if (blocked := int16x8_blocker(converted)) is not None:
+            stopped.append(f"no 16x8 fallback: {blocked}")
+        elif wide_fits(converted, job, step_s, stopped):
             stage("fallback", 0.5, "16x8: TFLite converter")
             converted = _with_int16x8(converted, job)
             if converted.int16x8 is None:
                 stopped.append(f"no 16x8 fallback: {converted.notes[-1]}")
-        else:
-            left = job.deadline.left()
-            stopped.append(stop_note("the pure int8 file", "the 16x8 file", step_s, left))
     wide: Drift | None = None
     if converted.int16x8 is not None:
         wide_file = _keep(converted.int16x8, target_dir / "model_16x8.tflite")
@@ -212,6 +217,35 @@ def _converted(job: TargetJob, work: Path) -> TfliteArtifacts:
     shutil.copytree(cached, work, dirs_exist_ok=True, ignore=shutil.ignore_patterns(SAVED_MODEL))
     converted = TfliteArtifacts.from_json(record.read_text(), work)
     return dataclasses.replace(converted, saved_model=cached / SAVED_MODEL)
+
+
+def wide_fits(
+    converted: TfliteArtifacts, job: TargetJob, rest_s: float, stopped: list[str]
+) -> bool:
+    """Whether the 16x8 file can be made and measured in the job's time, costed before
+    TensorFlow converts it: a conversion as long as the int8 file's, then a drift pass and the
+    runs after it at ``WIDE_PER_FLOAT_SAMPLE`` times one float32 sample on the builtin kernels,
+    then ``rest_s``. Without this, ViT-B/16's 16x8 file took 216 s to convert, three builds at
+    once, before one sample of its own costed its drift pass at 1118 s and it was dropped. Not
+    (and why, in ``stopped``) when they would not end in time."""
+    sample_s = WIDE_PER_FLOAT_SAMPLE * _builtin_sample_s(converted.float32, job)
+    make_s = converted.quantize_s + sample_s * len(job.evaluation)
+    after_s = sample_s * WIDE_RUNS_AFTER_DRIFT + rest_s
+    if job.deadline.allows(make_s, after_s):
+        return True
+    left = job.deadline.left()
+    next_step = "the 16x8 file (its conversion and drift pass)"
+    stopped.append(stop_note("the pure int8 file", next_step, make_s, left, after_s))
+    return False
+
+
+def _builtin_sample_s(path: Path, job: TargetJob) -> float:
+    """One batch-1 run of ``path`` on LiteRT's builtin kernels, after one that allocates."""
+    run = sample_runner(path, job.evaluation.rows(0, 1), builtin=True)
+    run(0)
+    started = time.monotonic()
+    run(0)
+    return time.monotonic() - started
 
 
 def _with_int16x8(converted: TfliteArtifacts, job: TargetJob) -> TfliteArtifacts:

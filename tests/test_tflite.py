@@ -38,7 +38,7 @@ from quant.target_job import Bars, TargetJob
 from quant.targets import PROFILES
 from quant.tflite import TfliteArtifacts, convert_int16x8, convert_tflite
 from quant.tflite_flatbuffer import NotFullIntegerError, check_full_integer, inspect_tflite
-from quant.tflite_target import wide_drift
+from quant.tflite_target import wide_drift, wide_fits
 from quant.tool_sandbox import TfliteConversionError
 from quant.vela import compile_vela
 
@@ -448,3 +448,31 @@ def test_the_16x8_drift_pass_is_costed_first_and_stopped_when_time_is_up(
     stopped.clear()
     measured = wide_drift(wide, job(NO_DEADLINE), 0.0, stopped)
     assert measured is not None and measured.samples == len(evaluation) and stopped == []
+
+
+def test_the_16x8_file_is_costed_before_it_is_converted(rgb, rgb_16x8, tmp_path: Path) -> None:
+    """The 16x8 conversion is not started when the file's drift pass could not end in the job's
+    time: that is costed beforehand, from one sample of the float32 file the int8 conversion
+    made. An evaluation set of 10^8 samples (one sample broadcast: no memory) cannot be run in
+    an hour, whatever the host; 8 samples can."""
+    onnx_path, calib, _ = rgb
+    (name,) = [i.name for i in ort.InferenceSession(str(onnx_path)).get_inputs()]
+
+    def job(samples: np.ndarray) -> TargetJob:
+        evaluation = Samples({name: samples}, None, "test")
+        return TargetJob(
+            profile=PROFILES["imx93"], fp32_path=onnx_path, target_dir=tmp_path,
+            out_dir=tmp_path, calibration=evaluation, evaluation=evaluation,
+            reference=np.empty(0, np.float32),
+            bars=Bars(0.0, 1.0), stage=lambda stage, fraction, detail=None: None,
+            latency_runs=3, deadline=Deadline(time.time() + 3600),
+        )  # fmt: skip
+
+    stopped: list[str] = []
+    endless = np.broadcast_to(calib[:1], (10**8, *calib.shape[1:]))
+    assert not wide_fits(rgb_16x8, job(endless), 0.0, stopped)
+    (note,) = stopped
+    assert note.startswith(STOPPED)
+    assert "the 16x8 file (its conversion and drift pass) would take about" in note
+    stopped.clear()
+    assert wide_fits(rgb_16x8, job(calib[:8]), 0.0, stopped) and stopped == []
