@@ -64,8 +64,8 @@ NAME = "hf_scale"
 STAGES = [sys.executable, "-m", "benchmarks.latency_stages"]  # one conversion, timed
 CALIBRATION, EVALUATION = 64, 100  # the pipeline's minimum for evaluation is 100
 # Random weights have no accuracy to keep: their near-tied logits would send every target through
-# the whole 16-bit fallback (cpu: 4, 8, ... every tensor, each step a new quantization and exact
-# evaluation). Bars off, so each target is built and measured once, as a model that passes is.
+# its ladder and 16-bit fallback (cpu: 4 tensors, then every one, each step a new quantization and
+# exact evaluation). Bars off, so each target is built and measured once, as a model that passes is.
 NO_BARS = ["--max-drift", "100", "--min-agreement", "0"]
 SEQUENCE = 128
 PARALLEL = 2  # targets at once in the second conversion: one per core here

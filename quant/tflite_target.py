@@ -227,7 +227,9 @@ def wide_fits(
     runs after it at ``WIDE_PER_FLOAT_SAMPLE`` times one float32 sample on the builtin kernels,
     then ``rest_s``. Without this, ViT-B/16's 16x8 file took 216 s to convert, three builds at
     once, before one sample of its own costed its drift pass at 1118 s and it was dropped. Not
-    (and why, in ``stopped``) when they would not end in time."""
+    (and why, in ``stopped``) when they would not end in time; no budget, nothing to cost."""
+    if job.deadline.at is None:
+        return True
     sample_s = WIDE_PER_FLOAT_SAMPLE * _builtin_sample_s(converted.float32, job)
     make_s = converted.quantize_s + sample_s * len(job.evaluation)
     after_s = sample_s * WIDE_RUNS_AFTER_DRIFT + rest_s
