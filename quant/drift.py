@@ -56,6 +56,20 @@ class Drift:
         drop_ok = self.top1_drop_pts is None or self.top1_drop_pts <= bars.max_drop_pts
         return drop_ok and self.agreement >= bars.min_agreement
 
+    @property
+    def disagreements(self) -> int:
+        """Samples whose top-1 differs from fp32's."""
+        return round((1.0 - self.agreement) * self.samples)
+
+    def samples_short(self, bars: Bars) -> int:
+        """By how many samples the bars are missed: the more of the agreements lacking and the
+        drop's excess, in samples (0 within them)."""
+        needed = math.ceil(bars.min_agreement * self.samples - 1e-9)
+        agreement_short = needed - (self.samples - self.disagreements)
+        drop = self.top1_drop_pts
+        drop_short = 0 if drop is None else round((drop - bars.max_drop_pts) * self.samples / 100)
+        return max(agreement_short, drop_short, 0)
+
 
 @dataclass(frozen=True)
 class TensorError:
