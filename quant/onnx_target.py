@@ -330,10 +330,15 @@ def ceiling_note(count: int, drift: Drift) -> str:
     the bars too."""
     return (
         f"the drift fallback stopped: with all {count} ranked activations in int16 the file "
-        f"still misses the drift bars (agreement {100 * drift.agreement:.1f} %, drop "
-        f"{drift.top1_drop_pts:.1f} pt) by more than a smaller set could make up, so none was "
-        "tried; that file ships"
+        f"still misses the drift bars ({figures(drift)}) by more than a smaller set could make "
+        "up, so none was tried; that file ships"
     )
+
+
+def figures(drift: Drift) -> str:
+    """A file's drift in a warning: its agreement, and its drop where labels give one."""
+    drop = "" if drift.top1_drop_pts is None else f", drop {drift.top1_drop_pts:.1f} pt"
+    return f"agreement {100 * drift.agreement:.1f} %{drop}"
 
 
 def kept_recipe(trials: list[RecipeTrial], bars: Bars) -> RecipeTrial:
@@ -350,11 +355,6 @@ def recipe_warnings(trials: list[RecipeTrial], kept: RecipeTrial) -> list[str]:
     """A sentence when the shipped file's int8 recipe is not the target's first one."""
     if kept is trials[0]:
         return []
-
-    def figures(drift: Drift) -> str:
-        drop = "" if drift.top1_drop_pts is None else f", drop {drift.top1_drop_pts:.1f} pt"
-        return f"agreement {100 * drift.agreement:.1f} %{drop}"
-
     first = trials[0]
     return [
         f"the first int8 recipe ({first.profile.recipe}) missed the drift bars "

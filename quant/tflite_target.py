@@ -52,7 +52,7 @@ from .vela import VelaResult, compile_vela, cpu_op_name
 # One sample of a 16x8 file in LiteRT, at least this many times one of the float32 file on the
 # builtin kernels (XNNPACK takes no int16 op, so the 16x8 file runs on those too): 3.5-4.5 for
 # the bundled ViTs and ViT-B/16 (benchmarks/results/litert_16x8.md). The int8 file is no guide:
-# the ratio to it grows with the model (20x for the bundled ViTs, 80x for ViT-B/16).
+# the ratio to it grows with the model (20x for the bundled ViTs, 77x for ViT-B/16).
 WIDE_PER_FLOAT_SAMPLE = 3.0
 # What a shipped 16x8 file runs after its drift pass, in one-sample runs: its SQNR pass (up to
 # SQNR_SAMPLES, beside the float32 file's) and its latency (warm-up and at least 20 timed runs at
