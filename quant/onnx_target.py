@@ -20,7 +20,7 @@ fallback gets, so when it misses them by more than a few samples no smaller set 
 ships, the best measured; ``out_of_reach``); otherwise the doubling looks for the fewest that
 are within them, and the file of all ships if none is. ViT-B/16 with random weights, whose
 files never meet the bars, took 7 steps and 256 s to reach the same file of all 152
-activations (92 % agreement) in doubling order (benchmarks/results/hf_scale.md, at 9a72885).
+activations (92 % agreement) in doubling order (hf_scale's run at 9a72885, committed in d623d55).
 Sensitivity is each tensor's own quantization SQNR in the pure int8 model (its local rounding
 error): measured on the trained examples, ranking by it converges in fewer steps than ranking by
 the accumulated error, which blames the softmax outputs for noise that arises upstream.
@@ -318,10 +318,10 @@ def ships_before(step: Drift, size: int, best: Drift, best_size: int, bars: Bars
 def out_of_reach(ceiling: Drift, bars: Bars) -> bool:
     """Whether a file with every ranked activation in int16 misses the bars by more than a
     smaller set could make up. A smaller set can beat it by a few samples, those near a tie
-    that rounding settles either way (the bundled ViT at a 0.0 pt bar: 16 activations 100 %,
-    all 74 99.9 %, one sample apart): up to twice the square root of its disagreements, the
-    noise of a count, and at least 2. ViT-B/16's random weights: 8 disagreements, 7 samples
-    short of 99 %, out of reach."""
+    that rounding settles either way (the bundled ViT at tests/test_quant_pipeline.py's 0.0 pt
+    bar, measured once: 16 activations 100 %, all 74 99.9 %, one sample apart): up to twice
+    the square root of its disagreements, the noise of a count, and at least 2. ViT-B/16's
+    random weights: 8 disagreements, 7 samples short of 99 %, out of reach."""
     return ceiling.samples_short(bars) > max(2.0, 2.0 * math.sqrt(ceiling.disagreements))
 
 
