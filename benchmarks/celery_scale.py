@@ -54,9 +54,15 @@ from testbed.servers import PostgresServer, RedisServer
 
 NAME = "celery_scale"
 WORKERS = (1, 2, 4)
+LOCAL_PARALLEL = 3  # the local queue's job, for comparison: its targets this many at once
+LOCAL = f"local, {LOCAL_PARALLEL} at once"
+# run key -> (queue, Celery workers or the local job's targets at once)
+DEPLOYMENTS = {**{str(n): ("celery", n) for n in WORKERS}, LOCAL: ("local", LOCAL_PARALLEL)}
 JOB_TIMEOUT_S = 900
 POLL_S = 0.5
 ONLY = [m for m in os.environ.get("EDGE_UN_BENCH_MODELS", "").split(",") if m]
+# a subset of DEPLOYMENTS' keys ("1,local, 3 at once" splits on ","; so "1;local, 3 at once")
+ONLY_RUNS = [r for r in os.environ.get("EDGE_UN_BENCH_RUNS", "").split(";") if r]
 
 
 class Watch(threading.Thread):
@@ -90,7 +96,9 @@ class Watch(threading.Thread):
                 if stage != seen.get(who):  # None: it ended (or, a job, left its phases)
                     self.events.append((now, who, stage))
                 seen[who] = stage
-            trees = [_tree_rss(w.process.pid) for w in self.server.workers]
+            # Celery: each worker's tree; local queue: the API's, whose job processes do the work
+            roots = [w.process.pid for w in self.server.workers] or [self.server.process.pid]
+            trees = [_tree_rss(pid) for pid in roots]
             self.peak_total = max(self.peak_total, sum(trees))
             self.peak_tree = max(self.peak_tree, *trees)
 
@@ -166,13 +174,15 @@ def model_files(name: str, work: Path) -> dict[str, Any]:
             "eval": evaluation}  # fmt: skip
 
 
-def deployment(
-    scratch: Path, count: int, postgres: PostgresServer, redis: RedisServer
-) -> LiveServer:
-    (scratch / f"w{count}").mkdir()  # the server's and workers' logs go beside the data
+def deployment(scratch: Path, key: str, postgres: PostgresServer, redis: RedisServer) -> LiveServer:
+    queue, count = DEPLOYMENTS[key]
+    home = scratch / key.replace(", ", "-").replace(" ", "-")
+    home.mkdir()  # the server's and workers' logs go beside the data
+    settings = {"EDGE_UN_WORKERS": str(count)} if queue == "celery" else {
+        "EDGE_UN_JOB_PARALLEL": str(count)}  # fmt: skip
     server = LiveServer(
-        scratch / f"w{count}" / "data", "celery", postgres, redis, EDGE_UN_WORKERS=str(count),
-        EDGE_UN_JOB_TIMEOUT_S=str(JOB_TIMEOUT_S), EDGE_UN_LATENCY_RUNS="100",
+        home / "data", queue, postgres, redis, EDGE_UN_JOB_TIMEOUT_S=str(JOB_TIMEOUT_S),
+        EDGE_UN_LATENCY_RUNS="100", **settings,
     )  # fmt: skip
     server.env.pop("EDGE_UN_JOB_THREADS")  # the service's default: ONNX Runtime's, torch's own
     return server.start()
@@ -180,7 +190,8 @@ def deployment(
 
 def run() -> dict[str, Any]:
     committed = RESULTS / f"{NAME}.json"
-    kept = json.loads(committed.read_text())["models"] if ONLY and committed.exists() else {}
+    partial = (ONLY or ONLY_RUNS) and committed.exists()  # what is not run keeps its entry
+    kept = json.loads(committed.read_text())["models"] if partial else {}
     commit = subprocess.check_output(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True
     ).strip()
@@ -194,21 +205,21 @@ def run() -> dict[str, Any]:
             try:
                 print(f"{name}: export", flush=True)
                 files = model_files(name, scratch)
-                runs: dict[str, Any] = {}
-                for count in WORKERS:
-                    server = deployment(scratch, count, postgres, redis)
+                runs: dict[str, Any] = kept.get(name, {}).get("runs", {})
+                for key in [k for k in DEPLOYMENTS if k in ONLY_RUNS] or DEPLOYMENTS:
+                    server = deployment(scratch, key, postgres, redis)
                     try:
-                        runs[str(count)] = one_job(server, files)
+                        runs[key] = one_job(server, files)
                     finally:
                         server.stop()
-                    print(f"{name}, {count} worker(s): {runs[str(count)]['wall_s']:.0f} s, "
-                          f"{runs[str(count)]['state']}", flush=True)  # fmt: skip
+                    runs[key].update(commit=commit, when=time.strftime("%Y-%m-%d"))
+                    print(f"{name}, {key}: {runs[key]['wall_s']:.0f} s, {runs[key]['state']}",
+                          flush=True)  # fmt: skip
+                runs = {key: runs[key] for key in DEPLOYMENTS if key in runs}
                 results["models"][name] = {
-                    "commit": commit,
-                    "when": time.strftime("%Y-%m-%d"),
                     "job_timeout_s": JOB_TIMEOUT_S,
                     "runs": runs,
-                    "same_across_workers": _same_outcome(runs.values()),
+                    "same_across_runs": _same_outcome(runs.values()),
                 }
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -231,54 +242,60 @@ def _phases(run: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def _label(key: str) -> str:
+    return key if key == LOCAL else f"{key} Celery worker{'s' if key != '1' else ''}"
+
+
+def _status(run: dict[str, Any]) -> str:
+    figures = [
+        f"{t}: {s['status']}"
+        + ("" if s["agreement"] is None else f" ({100 * s['agreement']:.0f} %)")
+        for t, s in sorted(run.get("status", {}).items())
+    ]
+    return ", ".join(figures) or run["state"]
+
+
 def markdown(results: dict[str, Any]) -> str:
     host = results["host"]
     lines = [
         "# One BERT-base- / ViT-B/16-sized job on 1, 2 and 4 Celery workers, drift bars on",
         "",
         f"`python -m benchmarks.celery_scale` on {host['cpu']} ({host['cores']} cores): a real "
-        "deployment per worker count (PostgreSQL, Redis, the API, N `edge-un worker "
-        "--concurrency 1`), one job each, every target, uploaded over HTTP; random weights, so "
-        "every target searches its ladder and fallback until within the bars, out of options or "
-        "out of budget. Memory: resident, all workers' process trees together and the largest "
-        "one, sampled every 0.5 s.",
+        "deployment per row (PostgreSQL, Redis, the API and N `edge-un worker --concurrency 1`; "
+        f"`{LOCAL}`: the API's local queue with `EDGE_UN_JOB_PARALLEL={LOCAL_PARALLEL}`), one "
+        "job each, every target, uploaded over HTTP; random weights, so every target searches "
+        "its ladder and fallback until within the bars, out of options or out of budget. "
+        "Memory: resident, all workers' process trees together (local: the API's) and the "
+        "largest one, sampled every 0.5 s.",
         "",
     ]
     for name, entry in results["models"].items():
         runs = entry["runs"]
-        one = runs["1"]["wall_s"]
+        one = runs["1"]["wall_s"] if "1" in runs else None
         lines += [
-            f"## {name} (commit {entry['commit']}, {entry['when']}, job time limit "
-            f"{entry['job_timeout_s']} s)",
+            f"## {name} (job time limit {entry['job_timeout_s']} s)",
             "",
-            "| workers | job wall | vs 1 worker | prepare | targets | report "
+            "| deployment | commit, day | job wall | 1 worker / this | prepare | targets | report "
             "| build per target (s) | peak RSS, all workers | largest worker | status per target |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for count, run in runs.items():
+        for key, run in runs.items():
             phases = _phases(run)
             builds = ", ".join(f"{t} {s:.0f}" for t, s in sorted(run["build_s"].items()))
-            status = (
-                ", ".join(
-                    f"{t}: {s['status']} ({100 * s['agreement']:.0f} %)"
-                    if s["agreement"] is not None
-                    else f"{t}: {s['status']}"
-                    for t, s in sorted(run.get("status", {}).items())
-                )
-                or run["state"]
-            )
             memory = run["peak_rss_mb"]
+            ratio = "" if one is None else f"{one / run['wall_s']:.2f}x"
             lines.append(
-                f"| {count} | {run['wall_s'] / 60:.1f} min ({run['wall_s']:.0f} s) | "
-                f"{one / run['wall_s']:.2f}x | {phases[PREPARE]:.0f} s | "
+                f"| {_label(key)} | {run['commit']}, {run['when']} | {run['wall_s'] / 60:.1f} min "
+                f"({run['wall_s']:.0f} s) | {ratio} | {phases[PREPARE]:.0f} s | "
                 f"{phases['targets']:.0f} s | {phases['report']:.0f} s | {builds} | "
                 f"{memory['all_workers'] / 1024:.1f} GB | {memory['one_worker'] / 1024:.1f} GB | "
-                f"{status} |"
+                f"{_status(run)} |"
             )
-        same = "yes" if entry["same_across_workers"] else "**no**"
-        lines += ["", f"Artifacts (sha256) and drift figures the same on 1, 2 and 4 workers: "
-                  f"{same}.", "", "Stages (s), as the job and target records showed them:", "",
-                  "| stage | " + " | ".join(f"{c} worker(s)" for c in runs) + " |",
+        same = "yes" if entry["same_across_runs"] else "**no**"
+        lines += ["", f"Artifacts (sha256) and drift figures the same in every row: {same}.", "",
+                  "Stages (s), as the job and target records showed them (the local queue "
+                  "records no phases):", "",
+                  "| stage | " + " | ".join(_label(k) for k in runs) + " |",
                   "|---|" + "---|" * len(runs)]  # fmt: skip
         stages = dict.fromkeys(s for run in runs.values() for s in run["stages_s"])
         for stage in stages:
@@ -296,14 +313,17 @@ def plot(results: dict[str, Any]) -> None:
 
     figure, axis = plt.subplots(figsize=(5.5, 3.5))
     for name, entry in results["models"].items():
-        counts = [int(c) for c in entry["runs"]]
-        axis.plot(counts, [r["wall_s"] / 60 for r in entry["runs"].values()], "o-", label=name)
+        celery = {int(k): r["wall_s"] / 60 for k, r in entry["runs"].items() if k != LOCAL}
+        (line,) = axis.plot(list(celery), list(celery.values()), "o-", label=f"{name}, Celery")
+        if LOCAL in entry["runs"]:
+            axis.axhline(entry["runs"][LOCAL]["wall_s"] / 60, color=line.get_color(),
+                         linestyle="--", label=f"{name}, {LOCAL}")  # fmt: skip
     axis.axhline(8, color="grey", linestyle=":", label="8 min goal")
     axis.set_xticks(list(WORKERS))
     axis.set_xlabel("Celery worker processes")
     axis.set_ylabel("job wall time (min)")
     axis.set_title(f"one job, every target, bars on, {results['host']['cores']} cores")
-    axis.legend()
+    axis.legend(fontsize=7)
     save_figure(figure, NAME)
 
 

@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     max_upload_mb: float = Field(DEFAULT_MAX_UPLOAD_MB, gt=0)  # each uploaded file
     max_parameters: int = Field(DEFAULT_MAX_PARAMETERS, ge=1)  # of an uploaded model
     workers: int = Field(1, ge=1)  # concurrent conversion processes
+    # Local queue: a job's targets built at once, each in a process of its own (their memory adds
+    # up: benchmarks/results/celery_scale.md); Celery mode spreads them over its workers instead.
+    job_parallel: int = Field(1, ge=1)
     job_timeout_s: float = Field(1800, gt=0)
     # Address-space limit of a job process (0 = none). Address space, not resident memory: torch,
     # ONNX Runtime and TensorFlow reserve far more than they touch. BERT-base (110 M parameters)

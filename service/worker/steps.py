@@ -108,6 +108,7 @@ def run(settings: Settings, claim: Claim) -> int:
         report = convert(
             **_conversion_inputs(settings, store, job), out_dir=staging, max_drift=job.max_drift,
             progress=progress, deadline=build_deadline(settings, job.started_at),
+            parallel=settings.job_parallel,
         )  # fmt: skip
         failures = report.failures()
         error = failures if report.outcome() == "failed" else None
