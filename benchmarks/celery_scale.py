@@ -283,16 +283,24 @@ def markdown(results: dict[str, Any]) -> str:
             phases = _phases(run)
             builds = ", ".join(f"{t} {s:.0f}" for t, s in sorted(run["build_s"].items()))
             memory = run["peak_rss_mb"]
-            ratio = "" if one is None else f"{one / run['wall_s']:.2f}x"
+            # side by side only: the 1-worker job of the same invocation (the same commit)
+            same_run = one is not None and run["commit"] == runs["1"]["commit"]
+            ratio = f"{one / run['wall_s']:.2f}x" if same_run else "-"
+            spans = (
+                [f"{phases[p]:.0f} s" for p in (PREPARE, "targets", "report")]
+                if key != LOCAL
+                else ["-"] * 3  # the local queue's job has no phases
+            )
             lines.append(
                 f"| {_label(key)} | {run['commit']}, {run['when']} | {run['wall_s'] / 60:.1f} min "
-                f"({run['wall_s']:.0f} s) | {ratio} | {phases[PREPARE]:.0f} s | "
-                f"{phases['targets']:.0f} s | {phases['report']:.0f} s | {builds} | "
+                f"({run['wall_s']:.0f} s) | {ratio} | {' | '.join(spans)} | {builds or '-'} | "
                 f"{memory['all_workers'] / 1024:.1f} GB | {memory['one_worker'] / 1024:.1f} GB | "
                 f"{_status(run)} |"
             )
         same = "yes" if entry["same_across_runs"] else "**no**"
-        lines += ["", f"Artifacts (sha256) and drift figures the same in every row: {same}.", "",
+        lines += ["", "`1 worker / this`: against the 1-worker job of the same invocation (the "
+                  "rows of one commit ran one after the other in one invocation).", "",
+                  f"Artifacts (sha256) and drift figures the same in every row: {same}.", "",
                   "Stages (s), as the job and target records showed them (the local queue "
                   "records no phases):", "",
                   "| stage | " + " | ".join(_label(k) for k in runs) + " |",
