@@ -1,9 +1,11 @@
 """One BERT-base- or ViT-B/16-sized job, drift bars on, on a real Celery deployment of 1, 2 and
-4 worker processes: its wall time, each phase and target stage, and the workers' peak memory.
+4 worker processes and on the local queue building 3 targets at once: its wall time, each phase
+and target stage, and the workers' peak memory.
 
-    .venv/bin/python -m benchmarks.celery_scale                # ~60 min on 2 cores
+    .venv/bin/python -m benchmarks.celery_scale                # ~75 min on 2 cores
     .venv/bin/python -m benchmarks.celery_scale --report-only  # Markdown and plot from the JSON
     EDGE_UN_BENCH_MODELS=bert-base .venv/bin/python -m benchmarks.celery_scale  # one model again
+    EDGE_UN_BENCH_RUNS='1;local, 3 at once' ...  # some deployments again (keys of DEPLOYMENTS)
 
 The models and data are ``benchmarks.hf_scale``'s (random weights, UN in place of LayerNorm,
 64 calibration and 100 evaluation samples), uploaded over HTTP as a user would
@@ -12,7 +14,8 @@ target, with the pipeline's default drift bars: random weights miss them, so eac
 its int8 ladder and 16-bit fallback until it is within them, has nothing left to try, or the
 job's time budget stops it. Real servers, started as the service's tests start them
 (``testbed``): PostgreSQL, Redis, the API and N ``edge-un worker --concurrency 1`` processes,
-one deployment at a time (N = 1, 2, 4), each running one job. The service's default settings
+one deployment at a time (N = 1, 2, 4; then the API alone, its local queue with
+``EDGE_UN_JOB_PARALLEL=3``), each running one job. The service's default settings
 except ``EDGE_UN_JOB_TIMEOUT_S`` (``JOB_TIMEOUT_S``, as ``hf_scale``'s bars-on runs, so the two
 compare) and the tests' quick heartbeat and polling; no warm-up job (a job's targets run in
 fresh processes whatever ran before).
@@ -22,8 +25,8 @@ one worker loads, folds and exports; ``targets``; ``report``) and each target's 
 job and target records polled every ``POLL_S``; and the resident memory of every worker's process
 tree (the worker, its pool and the job processes) sampled as often with psutil: the sum over all
 workers (what the machine held) and the largest single tree. Each job's artifacts (sha256) and
-drift figures are compared between worker counts. Merges into results/celery_scale.json (a run
-replaces the models it ran), writes .md and .png.
+drift figures are compared between deployments. Merges into results/celery_scale.json (a run
+replaces the deployments it ran, each recording its commit), writes .md and .png.
 """
 
 from __future__ import annotations
