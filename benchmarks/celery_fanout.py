@@ -73,12 +73,20 @@ def one_job(server: LiveServer, token: str) -> dict[str, Any]:
         job_id = upload_fast(client, targets=TARGETS).json()["id"]
         wait_for(client, job_id, ("succeeded",), timeout=1800)
         report = Report.model_validate(client.get(f"/v1/conversions/{job_id}/report").json())
+    return {**job_times(server, job_id), **outcome(report)}
+
+
+def job_times(server: LiveServer, job_id: str) -> dict[str, Any]:
+    """A finished job's times from its records: its wall time (``finished_at - created_at``),
+    each target's build (claimed to ended; Celery mode only) and how many runs each took."""
     with session_scope(server.settings) as session:
         job = session.scalar(select(Job).where(Job.id == job_id))
         builds = session.scalars(select(JobTarget).where(JobTarget.job_id == job_id)).all()
-        wall_s = (job.finished_at - job.created_at).total_seconds()
-        build_s = {b.name: (b.updated_at - b.started_at).total_seconds() for b in builds}
-    return {"wall_s": wall_s, "build_s": build_s, **outcome(report)}
+        return {
+            "wall_s": (job.finished_at - job.created_at).total_seconds(),
+            "build_s": {b.name: (b.updated_at - b.started_at).total_seconds() for b in builds},
+            "target_attempts": {b.name: b.attempts for b in builds},
+        }
 
 
 def run() -> dict[str, Any]:

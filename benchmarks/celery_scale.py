@@ -39,14 +39,16 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import psutil
 from sqlalchemy import select
 
-from benchmarks.celery_fanout import outcome
+from benchmarks.celery_fanout import job_times, outcome
 from benchmarks.hf_scale import MODELS, prepare
+from benchmarks.latency_stages import tree_memory
 from benchmarks.results_main import RESULTS, ROOT, benchmark_main, save_figure
 from quant.host import describe_host
 from service.client import Client
@@ -107,16 +109,9 @@ class Watch(threading.Thread):
 
 
 def _tree_rss(pid: int) -> int:
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):  # it ended between walk and read
-            total += process.memory_info().rss
-    return total
+    with contextlib.suppress(psutil.NoSuchProcess):  # a worker that has just stopped
+        return tree_memory(psutil.Process(pid))[0]
+    return 0
 
 
 def stage_spans(events: list[tuple[float, str, str | None]], end_s: float) -> dict[str, float]:
@@ -143,17 +138,9 @@ def one_job(server: LiveServer, files: dict[str, Any]) -> dict[str, Any]:
         watch.done.set()
         watch.join()
         report = client.report(job.id) if finished.state in ("succeeded", "partial") else None
-    with session_scope(server.settings) as session:
-        record = session.scalar(select(Job).where(Job.id == job.id))
-        builds = session.scalars(select(JobTarget).where(JobTarget.job_id == job.id)).all()
-        wall_s = (record.finished_at - record.created_at).total_seconds()
-        build_s = {b.name: (b.updated_at - b.started_at).total_seconds() for b in builds}
-        attempts = {b.name: b.attempts for b in builds}
     result: dict[str, Any] = {
         "state": finished.state,
-        "wall_s": wall_s,
-        "build_s": build_s,
-        "target_attempts": attempts,
+        **job_times(server, job.id),
         "stages_s": stage_spans(watch.events, time.monotonic() - watch.start_s),
         "peak_rss_mb": {
             "all_workers": watch.peak_total / 2**20,
@@ -232,7 +219,7 @@ def run() -> dict[str, Any]:
     return results
 
 
-def _same_outcome(runs: Any) -> bool:
+def _same_outcome(runs: Iterable[dict[str, Any]]) -> bool:
     outcomes = [{k: r.get(k) for k in ("artifacts", "drift")} for r in runs]
     return all(o == outcomes[0] for o in outcomes)
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # the pipeline's modules are imported inside the timed run, n
     from converters.progress import ProgressEvent
 
 
-def _memory(process: psutil.Process) -> tuple[int, int, int]:
+def tree_memory(process: psutil.Process) -> tuple[int, int, int]:
     """(RSS of the whole tree, largest RSS of one descendant, largest VmPeak (peak address
     space) of the tree's processes), in bytes, from one walk of the tree."""
     tree = largest = address_space = 0
@@ -82,7 +82,7 @@ def main() -> None:
     def sample() -> None:
         try:
             while not done.wait(0.2):
-                for key, value in zip(peak, _memory(me), strict=True):
+                for key, value in zip(peak, tree_memory(me), strict=True):
                     peak[key] = max(peak[key], value)
         except Exception as error:  # a sampler that stopped would report too low a peak
             failed.append(error)
@@ -144,7 +144,7 @@ def main() -> None:
         "peak_rss_mb": round(_hwm_mb(), 1),
         "peak_child_rss_mb": round(peak["child"] / 2**20, 1),
         "peak_tree_rss_mb": round(peak["tree"] / 2**20, 1),
-        "peak_address_space_mb": round(max(peak["address_space"], _memory(me)[2]) / 2**20, 1),
+        "peak_address_space_mb": round(max(peak["address_space"], tree_memory(me)[2]) / 2**20, 1),
         "targets": {
             name: {
                 "status": target.status,
