@@ -39,7 +39,7 @@ import numpy as np
 
 import edge_un
 from benchmarks.conversion_record import cpu_op_types, target_record, timed_convert
-from benchmarks.hf_migrate import CLI, TEACHERS, step
+from benchmarks.hf_migrate import CLI, TEACHERS, made_once, seconds_cell
 from quant.errors import one_line
 from quant.host import describe_host
 from quant.report import Host
@@ -75,12 +75,7 @@ def prepare(model: str, work: Path) -> dict[str, Any]:
                        *MODELS[model]["options"], "--seed", str(SEED), "--threads", "1",
                        "--out", str(paths["int8_ready"])],
     }  # fmt: skip
-    seconds = {}
-    for (name, command), path in zip(commands.items(), paths.values(), strict=True):
-        if (path / "config.json").exists():
-            print(f"{model}: {path} made before, reused", flush=True)
-        else:
-            seconds[name] = step(command, work / f"{model}-{path.name}.log")
+    seconds = made_once(model, paths, commands, work)
     print(f"{model}: trained, migrated, int8-ready ({seconds})", flush=True)
     return {"paths": paths, "seconds": seconds}
 
@@ -151,11 +146,6 @@ def _cell(target: dict[str, Any]) -> str:
     return f"{_pct(target['pure_agreement'])} / {target['pure_drop_pts']:.1f} pt{mark}"
 
 
-def _seconds(seconds: dict[str, float], step: str) -> str:
-    """A step's wall time, or "kept" for a directory made by an earlier run."""
-    return f"{seconds[step]:.0f} s" if step in seconds else "kept"
-
-
 def verdict(converted: dict[str, Any]) -> str:
     """``4 of 4 targets within the bars in pure int8``, and why the others are not."""
     if "error" in converted:
@@ -198,7 +188,7 @@ def markdown(record: dict[str, Any] | None) -> str:
             f"{_pct(acc['int8_ready'])}: {ready['method']} {ready['weight']:g} on "
             f"{len(ready['applied_to'])}, {ready['range_before']:.0f} -> "
             f"{ready['range_after']:.0f} | "
-            + " / ".join(_seconds(seconds, step) for step in ("train LN", "migrate", "int8-ready"))
+            + " / ".join(seconds_cell(seconds, s) for s in ("train LN", "migrate", "int8-ready"))
             + " |"
         )
     lines += [

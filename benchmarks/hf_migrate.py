@@ -21,6 +21,7 @@ ladder). The six chains run two at a time, one thread each.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -37,7 +38,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import edge_un
-from benchmarks.results_main import benchmark_main, save_figure
+from benchmarks.results_main import RESULTS, benchmark_main, save_figure
 from edge_un import examples
 from quant.host import describe_host
 from quant.report import REPORT_FILE, Report, TargetReport
@@ -53,8 +54,10 @@ MODELS = {
              "int8_ready": ["--method", "range", "--target", "32"]},
 }  # fmt: skip
 CLI = [sys.executable, "-m", "service.cli"]
-# EDGE_UN_BENCH_TEACHERS=DIR keeps the LN teachers (DIR/MODEL-ln-SEED, each made by the same
-# deterministic command) for a re-run of the steps after them; unset, they live in a temp dir.
+WALL_STEPS = ("migrate", "int8-ready", "convert")  # the table's wall-time column
+# EDGE_UN_BENCH_TEACHERS=DIR keeps every directory a chain makes (DIR/MODEL-ln-SEED, -un-SEED,
+# -un8-SEED, each made by the same deterministic command) and a re-run reuses what it finds, so that
+# after a converter change only the conversions run again; unset, they live in a temp dir.
 _KEPT = os.environ.get("EDGE_UN_BENCH_TEACHERS")
 TEACHERS = Path(_KEPT) if _KEPT else None
 
@@ -67,30 +70,37 @@ def step(command: list[str], log: Path) -> float:
     return time.perf_counter() - start
 
 
+def made_once(
+    label: str, paths: dict[str, Path], commands: dict[str, list[str]], logs: Path
+) -> dict[str, float]:
+    """Run each step whose directory (``paths``, in the order of ``commands``) is not there yet
+    (one kept from an earlier run is reused); the wall time of each step run now."""
+    seconds = {}
+    for (name, command), path in zip(commands.items(), paths.values(), strict=True):
+        if (path / "config.json").exists():
+            print(f"{label}: {path} made before, reused", flush=True)
+        else:
+            seconds[name] = step(command, logs / f"{label}-{path.name}.log")
+    return seconds
+
+
 def chain(model: str, seed: int, work: Path) -> dict[str, Any]:
     """Teacher -> migrated -> int8-ready -> converted, for one model and seed."""
-    spec = MODELS[model]
-    teacher = (TEACHERS or work) / f"{model}-ln-{seed}"
-    seconds = {}
-    if seed == 0 and spec["teacher"] is not None:
-        teacher = examples.path(spec["teacher"])
-    elif (teacher / "config.json").exists():
-        print(f"{model} seed {seed}: teacher {teacher} trained before, reused", flush=True)
-    else:
-        seconds["train LN"] = step(
-            [sys.executable, "-m", "benchmarks.make_hf_examples", "--model", model, "--norm", "ln",
-             "--seed", str(seed), "--threads", "1", *spec["train"], "--out", str(teacher)],
-            work / f"{model}-{seed}-train.log",
-        )  # fmt: skip
-    migrated, ready = work / f"{model}-un-{seed}", work / f"{model}-un8-{seed}"
-    seconds["migrate"] = step(
-        [*CLI, "migrate", str(teacher), "--seed", str(seed), "--threads", "1", "--out",
-         str(migrated)], work / f"{model}-{seed}-migrate.log",
-    )  # fmt: skip
-    seconds["int8-ready"] = step(
-        [*CLI, "finetune", str(migrated), "--int8-ready", *spec["int8_ready"], "--seed",
-         str(seed), "--threads", "1", "--out", str(ready)], work / f"{model}-{seed}-ready.log",
-    )  # fmt: skip
+    spec, kept = MODELS[model], TEACHERS or work
+    bundled = seed == 0 and spec["teacher"] is not None
+    teacher = examples.path(spec["teacher"]) if bundled else kept / f"{model}-ln-{seed}"
+    migrated, ready = kept / f"{model}-un-{seed}", kept / f"{model}-un8-{seed}"
+    commands = {
+        "train LN": [sys.executable, "-m", "benchmarks.make_hf_examples", "--model", model,
+                     "--norm", "ln", "--seed", str(seed), "--threads", "1", *spec["train"],
+                     "--out", str(teacher)],
+        "migrate": [*CLI, "migrate", str(teacher), "--seed", str(seed), "--threads", "1",
+                    "--out", str(migrated)],
+        "int8-ready": [*CLI, "finetune", str(migrated), "--int8-ready", *spec["int8_ready"],
+                       "--seed", str(seed), "--threads", "1", "--out", str(ready)],
+    }  # fmt: skip
+    paths = {"teacher": teacher, "migrated": migrated, "int8_ready": ready}
+    seconds = made_once(f"{model}-{seed}", paths, commands, work)
     start = time.perf_counter()
     targets, exit_code = converted(ready, work / f"{model}-out-{seed}")
     seconds["convert"] = time.perf_counter() - start
@@ -136,6 +146,8 @@ def target_figures(target: TargetReport) -> dict[str, Any]:
 
 
 def run() -> dict[str, Any]:
+    committed = RESULTS / f"{NAME}.json"
+    previous = json.loads(committed.read_text())["runs"] if committed.exists() else {}
     results: dict[str, Any] = {"host": describe_host().model_dump(), "runs": {}}
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
@@ -143,8 +155,16 @@ def run() -> dict[str, Any]:
         with ThreadPoolExecutor(max_workers=2) as pool:  # one chain per core
             done = pool.map(lambda pair: chain(*pair, work), chains)
             for (model, seed), run in zip(chains, done, strict=True):
+                # a kept directory's step: the wall time of the committed run that made it
+                made = previous.get(model, {}).get(str(seed), {}).get("seconds", {})
+                run["seconds"] = {**made, **run["seconds"]}
                 results["runs"].setdefault(model, {})[str(seed)] = run
     return results
+
+
+def seconds_cell(seconds: dict[str, float], step: str) -> str:
+    """A step's wall time, or "kept" for a directory made by a run not on record."""
+    return f"{seconds[step]:.0f} s" if step in seconds else "kept"
 
 
 def _pct(value: float | None) -> str:
@@ -183,8 +203,9 @@ def markdown(results: dict[str, Any]) -> str:
                 f"({gap:+.1f}): {run['migrate_lr']:g}, {run['kept_epoch']} | "
                 f"{_pct(acc['int8_ready'])} | "
                 + " | ".join(cells)
-                + f" | {worst_name} {_drift_cell(worst)} | {run['seconds']['migrate']:.0f} / "
-                f"{run['seconds']['int8-ready']:.0f} / {run['seconds']['convert']:.0f} s |"
+                + f" | {worst_name} {_drift_cell(worst)} | "
+                + " / ".join(seconds_cell(run["seconds"], s) for s in WALL_STEPS)
+                + " |"
             )
     lines += ["", *_ladder_lines()]
     return "\n".join(lines) + "\n"
