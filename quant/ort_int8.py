@@ -58,7 +58,7 @@ from .pow2_scales import (
     power_of_two_candidates,
     quantized_dtype,
     round_scales_to_power_of_two,
-    smaller_error,
+    smallest_error,
     squared_error,
     zero_point_of,
 )
@@ -252,7 +252,7 @@ def calibration_pass(
         scale: power_of_two_candidates(numpy_helper.to_array(initializers[scale]))
         for scale in sites
     }
-    errors: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # scale -> (low's, high's) totals
+    errors: dict[str, list[np.ndarray]] = {}  # scale -> each candidate's total
     run = SavedTensors(fp32_path, scratch / "augmented.onnx")
     # a scale whose tensor is not a float tensor of the fp32 model is rounded up later
     sites = {scale: node for scale, node in sites.items() if node.input[0] in run.outputs}
@@ -272,14 +272,14 @@ def calibration_pass(
             real = values[node.input[0]]
             zero_point = zero_point_of(node, initializers)
             dtype = quantized_dtype(node, initializers)
-            low, high = (squared_error(real, c, zero_point, dtype) for c in candidates[scale])
-            total_low, total_high = errors.get(scale, (0.0, 0.0))
-            errors[scale] = (total_low + low, total_high + high)
+            batch_errors = [squared_error(real, c, zero_point, dtype) for c in candidates[scale]]
+            totals = errors.get(scale, [0.0] * len(batch_errors))
+            errors[scale] = [t + e for t, e in zip(totals, batch_errors, strict=True)]
         fed, real_rows = len(next(iter(chunk.values()))), min(batch, len(calibration) - start)
         for name, (axis, channels) in means_of.items():  # padding rows left out
             sums.add(name, channel_rows(values[name], fed, real_rows, axis, channels))
         del values  # before the next batch's tensors arrive
-    scales = {scale: smaller_error(*candidates[scale], *errors[scale]) for scale in errors}
+    scales = {scale: smallest_error(candidates[scale], errors[scale]) for scale in errors}
     return scales, sums.means()
 
 

@@ -1,9 +1,9 @@
 """Which way each power-of-two scale of a QDQ file was rounded, carried by the file itself.
 
 ``quant.pow2_scales.round_scales_to_power_of_two`` rounds every MinMax scale to the power of two
-just above it (no clipping, coarser steps) or just below (finer steps, the tail clipped),
-whichever quantizes the tensor's own values with less squared error. ``scale_choices`` lists
-that choice tensor by tensor; ``write_choices`` stores the list in the file's
+just above it (no clipping, coarser steps) or to one below (finer steps, the tail clipped),
+whichever quantizes the tensor's own values with the least squared error. ``scale_choices``
+lists that choice tensor by tensor; ``write_choices`` stores the list in the file's
 ``metadata_props`` (``METADATA_KEY``, JSON; runtimes ignore it), so that it reaches the report
 through every later step (bias correction, the recipe ladder's copies) from the file that
 ships (``recorded_choices``).
@@ -20,6 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import report as schema
+from .pow2_scales import power_of_two_ceil
 
 METADATA_KEY = "edge_un.power_of_two_scales"
 OWN_ERROR = "own error"
@@ -60,12 +61,14 @@ def scale_choices(
         power = np.asarray(chosen[scale], np.float64).reshape(-1)
         old = np.asarray(minmax[scale], np.float64).reshape(-1)
         up = int(np.count_nonzero(power >= old))
+        further = int(np.count_nonzero(power < power_of_two_ceil(old) / 2))
         records.append(
             schema.PowerOfTwoScale(
                 tensor=tensor,
                 kind="weight" if weight else "activation",
                 channels_up=up,
                 channels_down=power.size - up,
+                channels_down_further=further,
                 log2_scale=None if weight else int(np.round(np.log2(power[0]))),
                 chosen_by=OWN_ERROR if weight or scale in by_own_error else RANGE,
             )

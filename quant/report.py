@@ -187,6 +187,11 @@ class PowerOfTwoScale(_Model):
         "per output channel for a weight"
     )
     channels_down: int = Field(description="scales rounded down (finer steps, the tail clipped)")
+    channels_down_further: int = Field(
+        default=0,
+        description="of channels_down, those two or more powers of two below the ceiling of "
+        "their MinMax scale (more of the tail clipped, for a smaller error still)",
+    )
     log2_scale: int | None = Field(
         description="an activation's scale, as a power of two; None for a weight (per channel)"
     )

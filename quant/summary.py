@@ -182,7 +182,11 @@ def power_of_two_line(target: TargetReport) -> str | None:
         of_kind = [scale for scale in scales if scale.kind == kind]
         up = sum(scale.channels_up for scale in of_kind)
         down = sum(scale.channels_down for scale in of_kind)
-        parts.append(f"{unit} {up} rounded up / {down} down")
+        further = sum(scale.channels_down_further for scale in of_kind)
+        parts.append(
+            f"{unit} {up} rounded up / {down} down"
+            + (f" ({further} of them by two powers of two or more)" if further else "")
+        )
     for found in target.stream_factors:
         parts.append(
             f"residual stream `{found.stream}` ({found.tensors} tensors) x{found.factor:.3f} "

@@ -1,0 +1,84 @@
+"""The power-of-two scale search (TIDL's simple calibration): which candidate wins, and what the
+report records of it.
+
+The search runs over the powers of two at and below each MinMax scale's ceiling, not only the two
+around it: a tensor whose MinMax range is set by a rare outlier (attention scores) quantizes with
+less error when more of its tail is clipped. Here the numbers are small enough to check by hand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from quant.pow2_record import scale_choices
+from quant.pow2_scales import (
+    POWER_OF_TWO_CANDIDATES,
+    best_power_of_two,
+    power_of_two_candidates,
+    smallest_error,
+    squared_error,
+)
+
+INT8 = np.dtype(np.int8)
+ZERO = np.zeros((), np.float64)
+
+
+def _outlier_tensor() -> tuple[np.ndarray, np.ndarray]:
+    """200,000 values of a unit normal and one of 33, with the MinMax scale the outlier sets."""
+    rng = np.random.default_rng(0)
+    real = np.concatenate([rng.standard_normal(200_000), [33.0]]).astype(np.float32)
+    return real, np.asarray(np.abs(real).max() / 127, np.float64)
+
+
+def test_the_candidates_are_the_ceiling_and_the_powers_of_two_below_it() -> None:
+    candidates = power_of_two_candidates(np.asarray([0.3, 0.25]))
+    assert len(candidates) == POWER_OF_TWO_CANDIDATES
+    assert [list(c) for c in candidates[:3]] == [[0.5, 0.25], [0.25, 0.125], [0.125, 0.0625]]
+
+
+def test_an_outlier_set_range_is_clipped_further_than_one_power_of_two() -> None:
+    real, scale = _outlier_tensor()
+    ceiling, below = power_of_two_candidates(scale)[:2]
+    chosen = best_power_of_two(real, scale, ZERO, INT8)
+    assert chosen == below / 2  # two powers of two under the ceiling (0.5 -> 0.125)
+    error = squared_error(real, chosen, ZERO, INT8).item()
+    # smaller than either power of two around the MinMax scale, the choice of a 2-way search
+    assert error < min(squared_error(real, c, ZERO, INT8).item() for c in (ceiling, below))
+
+
+def test_a_range_without_an_outlier_keeps_a_scale_next_to_its_minmax_one() -> None:
+    real = np.linspace(-100, 100, 2001, dtype=np.float32)  # uniform: clipping only hurts
+    scale = np.asarray(100 / 127, np.float64)
+    assert best_power_of_two(real, scale, ZERO, INT8) == power_of_two_candidates(scale)[0]
+
+
+def test_equal_errors_choose_the_larger_scale() -> None:
+    candidates = (np.asarray([2.0, 2.0]), np.asarray([1.0, 1.0]), np.asarray([0.5, 0.5]))
+    errors = (np.asarray([3.0, 5.0]), np.asarray([3.0, 4.0]), np.asarray([4.0, 4.0]))
+    assert list(smallest_error(candidates, errors)) == [2.0, 1.0]
+
+
+def test_the_record_counts_scales_clipped_by_more_than_one_power_of_two() -> None:
+    """One activation rounded down two powers of two, one down by one, one up."""
+    nodes, initializers = [], []
+    for name in ("a", "b", "c"):
+        initializers.append(numpy_helper.from_array(np.asarray(0.3, np.float32), f"{name}_scale"))
+        nodes.append(helper.make_node("QuantizeLinear", [name, f"{name}_scale"], [f"{name}_q"]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in "abc"],
+        [helper.make_tensor_value_info(f"{n}_q", TensorProto.UINT8, [1]) for n in "abc"],
+        initializers,
+    )
+    model = helper.make_model(graph)
+    minmax = {f"{n}_scale": np.asarray(0.3) for n in "abc"}  # its ceiling: 0.5
+    chosen = {"a_scale": np.asarray(0.125), "b_scale": np.asarray(0.25), "c_scale": np.asarray(0.5)}
+    records = {r.tensor: r for r in scale_choices(model, minmax, chosen, {"a_scale", "b_scale"})}
+    summary = {
+        t: (r.channels_up, r.channels_down, r.channels_down_further, r.log2_scale)
+        for t, r in records.items()
+    }
+    assert summary == {"a": (0, 1, 1, -3), "b": (0, 1, 0, -2), "c": (1, 0, 0, -1)}
+    assert records["c"].chosen_by == "range" and records["a"].chosen_by == "own error"
