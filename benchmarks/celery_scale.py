@@ -35,7 +35,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -49,7 +48,7 @@ from sqlalchemy import select
 from benchmarks.celery_fanout import job_times, outcome
 from benchmarks.hf_scale import MODELS, prepare
 from benchmarks.latency_stages import tree_memory
-from benchmarks.results_main import RESULTS, ROOT, benchmark_main, save_figure
+from benchmarks.results_main import RESULTS, benchmark_main, git_commit, save_figure
 from quant.host import describe_host
 from service.client import Client
 from service.db import Job, JobTarget, session_scope
@@ -182,9 +181,7 @@ def run() -> dict[str, Any]:
     committed = RESULTS / f"{NAME}.json"
     partial = (ONLY or ONLY_RUNS) and committed.exists()  # what is not run keeps its entry
     kept = json.loads(committed.read_text())["models"] if partial else {}
-    commit = subprocess.check_output(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True
-    ).strip()
+    commit = git_commit()
     results: dict[str, Any] = {"host": describe_host().model_dump(), "models": kept}
     postgres, redis = PostgresServer(), RedisServer(shutil.which("redis-server") or "redis-server")
     postgres.start()

@@ -38,7 +38,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import edge_un
-from benchmarks.results_main import RESULTS, benchmark_main, save_figure
+from benchmarks.results_main import RESULTS, benchmark_main, git_commit, save_figure
 from edge_un import examples
 from quant.host import describe_host
 from quant.report import REPORT_FILE, Report, TargetReport
@@ -142,13 +142,29 @@ def target_figures(target: TargetReport) -> dict[str, Any]:
         "arithmetic": None if pure is None else pure.arithmetic,
         "int8_recipe": target.int8_recipe,
         "recipes_tried": [trial.model_dump() for trial in target.recipes_tried],
+        "power_of_two": power_of_two_counts(target),
+    }
+
+
+def power_of_two_counts(target: TargetReport) -> dict[str, list[int]] | None:
+    """A power-of-two file's scale choices (quant.pow2_record), by kind: [rounded up, rounded
+    down, of those down two powers of two or more]; None for a target without them."""
+    if not target.power_of_two_scales:
+        return None
+    return {
+        kind: [
+            sum(getattr(s, field) for s in target.power_of_two_scales if s.kind == kind)
+            for field in ("channels_up", "channels_down", "channels_down_further")
+        ]
+        for kind in ("activation", "weight")
     }
 
 
 def run() -> dict[str, Any]:
     committed = RESULTS / f"{NAME}.json"
     previous = json.loads(committed.read_text())["runs"] if committed.exists() else {}
-    results: dict[str, Any] = {"host": describe_host().model_dump(), "runs": {}}
+    results: dict[str, Any] = {"host": describe_host().model_dump(), "commit": git_commit(),
+                               "runs": {}}  # fmt: skip
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         chains = [(model, seed) for model in MODELS for seed in SEEDS]
@@ -158,6 +174,10 @@ def run() -> dict[str, Any]:
                 # a kept directory's step: the wall time of the committed run that made it
                 made = previous.get(model, {}).get(str(seed), {}).get("seconds", {})
                 run["seconds"] = {**made, **run["seconds"]}
+                if (before := previous.get(model, {}).get(str(seed))) is not None:
+                    # tda4vm's file beside the committed run's: its scale search changes it
+                    run["previous"] = {"committed_in": git_commit(committed),
+                                       "tda4vm": before["targets"]["tda4vm"]}  # fmt: skip
                 results["runs"].setdefault(model, {})[str(seed)] = run
     return results
 
@@ -207,8 +227,39 @@ def markdown(results: dict[str, Any]) -> str:
                 + " / ".join(seconds_cell(run["seconds"], s) for s in WALL_STEPS)
                 + " |"
             )
-    lines += ["", *_ladder_lines()]
+    lines += ["", *_ladder_lines(), *_power_of_two_lines(results)]
     return "\n".join(lines) + "\n"
+
+
+def _power_of_two_lines(results: dict[str, Any]) -> list[str]:
+    """tda4vm's scale choices per model and seed, and its pure int8 file beside the previous
+    committed run's."""
+    runs = [(m, s, r) for m, seeds in results["runs"].items() for s, r in seeds.items()]
+    if not any(r["targets"]["tda4vm"].get("power_of_two") for _, _, r in runs):
+        return []
+    lines = [
+        "",
+        f"tda4vm's power-of-two scales at {results.get('commit', '?')} (quant.pow2_scales: each "
+        "scale the power of two, of the ceiling of its MinMax scale and the ones below it, that "
+        "quantizes its calibration values, or a weight channel its own, with the least squared "
+        "error): rounded up / down (of those, two or more powers of two down).",
+        "",
+        "| model | seed | activations | weight channels | tda4vm pure int8 | previous run |",
+        "|---|---|---|---|---|---|",
+    ]
+    for model, seed, run in runs:
+        tda4vm, previous = run["targets"]["tda4vm"], run.get("previous")
+        counts = tda4vm.get("power_of_two") or {}
+        cells = [
+            "{} / {} ({})".format(*counts[kind]) if kind in counts else "-"
+            for kind in ("activation", "weight")
+        ]
+        before = "-"
+        if previous is not None:
+            before = f"{_drift_cell(previous['tda4vm'])} (committed in {previous['committed_in']})"
+        lines.append(f"| {model} | {seed} | {' | '.join(cells)} | {_drift_cell(tda4vm)} | "
+                     f"{before} |")  # fmt: skip
+    return lines
 
 
 def _drift_cell(target: dict[str, Any]) -> str:

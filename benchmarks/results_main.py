@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,3 +42,10 @@ def save_figure(figure: Any, name: str) -> None:
     """A matplotlib figure, laid out, as ``results/NAME.png``."""
     figure.tight_layout()
     figure.savefig(RESULTS / f"{name}.png", dpi=120)
+
+
+def git_commit(*path: Path) -> str:
+    """The repository's HEAD, short; with ``path``, the last commit that changed it."""
+    command = ["git", "log", "-1", "--format=%h", "--", *map(str, path)] if path else ["git",
+               "rev-parse", "--short", "HEAD"]  # fmt: skip
+    return subprocess.check_output(command, cwd=ROOT, text=True).strip()
