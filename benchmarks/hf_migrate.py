@@ -41,7 +41,7 @@ import edge_un
 from benchmarks.results_main import RESULTS, benchmark_main, git_commit, save_figure
 from edge_un import examples
 from quant.host import describe_host
-from quant.report import REPORT_FILE, Report, TargetReport
+from quant.report import REPORT_FILE, Report, TargetReport, power_of_two_counts
 from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TARGET_NAMES
 
 NAME = "hf_migrate"
@@ -142,21 +142,11 @@ def target_figures(target: TargetReport) -> dict[str, Any]:
         "arithmetic": None if pure is None else pure.arithmetic,
         "int8_recipe": target.int8_recipe,
         "recipes_tried": [trial.model_dump() for trial in target.recipes_tried],
-        "power_of_two": power_of_two_counts(target),
-    }
-
-
-def power_of_two_counts(target: TargetReport) -> dict[str, list[int]] | None:
-    """A power-of-two file's scale choices (quant.pow2_record), by kind: [rounded up, rounded
-    down, of those down two powers of two or more]; None for a target without them."""
-    if not target.power_of_two_scales:
-        return None
-    return {
-        kind: [
-            sum(getattr(s, field) for s in target.power_of_two_scales if s.kind == kind)
-            for field in ("channels_up", "channels_down", "channels_down_further")
-        ]
-        for kind in ("activation", "weight")
+        # tda4vm's scale choices (quant.pow2_record) by kind: rounded up / down / of those, two
+        # powers of two or more down
+        "power_of_two": power_of_two_counts(target.power_of_two_scales)
+        if target.power_of_two_scales
+        else None,
     }
 
 

@@ -33,6 +33,8 @@ from quant.data import checkpoint_samples
 from quant.drift import measure_drift, onnx_runner, tensor_sqnr
 from quant.ort_int8 import SamplesReader, quantize_onnx
 from quant.pow2_grid import align_streams
+from quant.pow2_record import recorded_choices
+from quant.report import power_of_two_counts
 from quant.targets import PROFILES
 
 MODELS = ("vit-mnist-un", "vit-mnist-ln", "text-rt-un", "text-rt-ln")
@@ -111,11 +113,17 @@ def run_model(name: str, scratch: Path) -> list[dict]:
     reference_b1 = onnx_runner(b1)(evaluation.inputs)
     tda = PROFILES["tda4vm"]
     uncorrected = replace(tda, bias_correction=False)
+    two = 2  # the search before: the ceiling of each MinMax scale or the power of two below it
+    count = tda.power_of_two_candidates
     streams = scratch / f"{name}_b1_streams.onnx"
     variants = (
-        ("tda4vm: s8 symmetric, power-of-two scales (MSE-chosen), opset 17", b1, uncorrected),
+        (f"tda4vm: s8 symmetric, power-of-two scales (MSE-chosen of {two}), opset 17", b1,
+         replace(uncorrected, power_of_two_candidates=two)),
+        (f"tda4vm: the same, MSE-chosen of {count}", b1, uncorrected),
         ("tda4vm: the same, residual streams on the power-of-two grid", streams, uncorrected),
         ("tda4vm: the same, biases corrected (as shipped)", streams, tda),
+        (f"tda4vm: as shipped but MSE-chosen of {two} (before)", streams,
+         replace(tda, power_of_two_candidates=two)),
     )  # fmt: skip
     for label, source, recipe in variants:
         start = time.perf_counter()
@@ -136,6 +144,7 @@ def run_model(name: str, scratch: Path) -> list[dict]:
                 "top1_drop_pts": drift.top1_drop_pts,
                 "cosine": drift.cosine,
                 "quantize_s": round(time.perf_counter() - start, 2),
+                "power_of_two": power_of_two_counts(recorded_choices(out)),
             }
         )
     return rows
@@ -170,17 +179,25 @@ def write_markdown(rows: list[dict]) -> str:
         "The tda4vm rows are measured in the file's exact arithmetic (`onnx_runner(exact=True)`,",
         "what TIDL computes), the others on this host's ONNX Runtime int8 kernels.",
         "",
-        "| model | recipe | calib. samples | agreement | drop (pt) | cosine |",
-        "|---|---|---|---|---|---|",
+        "Power-of-two scales (tda4vm rows): rounded up / down (of those, two powers of two or",
+        "more down), activations; weight channels.",
+        "",
+        "| model | recipe | calib. samples | agreement | drop (pt) | cosine | pow-2 scales |",
+        "|---|---|---|---|---|---|---|",
     ]
     listed = [r for r in rows if not r["recipe"].startswith("sensitivity")] + scan[:10]
     for row in listed:
         if "error" in row:
-            lines.append(f"| {row['model']} | {row['recipe']} | 256 | failed: {row['error']} | | |")
+            lines.append(
+                f"| {row['model']} | {row['recipe']} | 256 | failed: {row['error']} | | | |"
+            )
             continue
+        counts = row.get("power_of_two") or {}
+        scales = "; ".join("{} / {} ({})".format(*counts[kind]) for kind in counts)
         lines.append(
             f"| {row['model']} | {row['recipe']} | {row['calibration_samples']} | "
-            f"{100 * row['agreement']:.1f} % | {row['top1_drop_pts']:.1f} | {row['cosine']:.4f} |"
+            f"{100 * row['agreement']:.1f} % | {row['top1_drop_pts']:.1f} | {row['cosine']:.4f} | "
+            f"{scales} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -144,12 +144,13 @@ def quantize_onnx(
             if profile.power_of_two_scales:
                 # MinMax scales first: they give each activation its two power-of-two candidates;
                 # the same fp32 pass takes the means bias correction measures against
+                count = profile.power_of_two_candidates
                 scales, fp32_means = calibration_pass(
-                    quantized, reference, prepared, calibration, Path(scratch), means_of
+                    quantized, reference, prepared, calibration, Path(scratch), means_of, count
                 )
                 shared.fp32_means.update(fp32_means)
                 minmax = scales_by_name(quantized)
-                chosen = round_scales_to_power_of_two(quantized, scales)
+                chosen = round_scales_to_power_of_two(quantized, scales, count)
                 write_choices(quantized, scale_choices(quantized, minmax, chosen, set(scales)))
             apply_ort_rewrites(quantized, profile, load_tensors_data(shared.ranges))
             if profile.bias_correction:  # last: on the graph that ships, with its final scales
@@ -230,12 +231,13 @@ def calibration_pass(
     calibration: Samples,
     scratch: Path,
     means_of: Mapping[str, tuple[int, int]],
+    candidates_per_scale: int,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """One pass of the fp32 model ``fp32`` (saved at ``fp32_path``) over ``calibration``:
 
-    - scale name -> its best power of two, for each activation QuantizeLinear of ``quantized``
-      (by error, not only by range), judged on the first ``POWER_OF_TWO_SAMPLES`` samples (to
-      the end of the batch holding the last of them);
+    - scale name -> its best power of two of ``candidates_per_scale``, for each activation
+      QuantizeLinear of ``quantized`` (by error, not only by range), judged on the first
+      ``POWER_OF_TWO_SAMPLES`` samples (to the end of the batch holding the last of them);
     - tensor -> its channel means over every sample, for each of ``means_of`` (the tensors bias
       correction measures against, ``quant.bias_correction.mean_sites``).
 
@@ -249,7 +251,9 @@ def calibration_pass(
         if node.op_type == "QuantizeLinear":
             sites.setdefault(node.input[1], node)
     candidates = {
-        scale: power_of_two_candidates(numpy_helper.to_array(initializers[scale]))
+        scale: power_of_two_candidates(
+            numpy_helper.to_array(initializers[scale]), candidates_per_scale
+        )
         for scale in sites
     }
     errors: dict[str, list[np.ndarray]] = {}  # scale -> each candidate's total

@@ -17,24 +17,16 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-# Candidates per scale: its ceiling power of two (nothing clipped) and the three below it (up to
-# 7/8 of the MinMax range clipped). With two, the ceiling and the one below, hf_migrate's ViT
-# (seed 0) kept its first layer's attention scores a step too coarse, and its tda4vm file agreed
-# with fp32 on 99.2 % of the test split; with four the search clips them one power of two more,
-# 99.5 % (every other scale as before). Eight chose the same file (measured once).
-POWER_OF_TWO_CANDIDATES = 4
-
 
 def power_of_two_ceil(scale: np.ndarray) -> np.ndarray:
     """The smallest power of two >= each scale (>= keeps every calibrated value in range)."""
     return np.exp2(np.ceil(np.log2(scale))).astype(scale.dtype)
 
 
-def power_of_two_candidates(
-    scale: np.ndarray, count: int = POWER_OF_TWO_CANDIDATES
-) -> tuple[np.ndarray, ...]:
+def power_of_two_candidates(scale: np.ndarray, count: int) -> tuple[np.ndarray, ...]:
     """``count`` powers of two: ``scale``'s ceiling power of two, which clips nothing, then each
-    one below it, which halves the step and clips more of the tail."""
+    one below it, which halves the step and clips more of the tail (``TargetProfile``'s
+    ``power_of_two_candidates``)."""
     high = power_of_two_ceil(scale.astype(np.float64))
     return tuple(high / 2**k for k in range(count))
 
@@ -67,14 +59,14 @@ def squared_error(
 
 
 def best_power_of_two(
-    real: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, dtype: np.dtype
+    real: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, dtype: np.dtype, count: int
 ) -> np.ndarray:
-    """Per element of ``scale`` (broadcast against ``real``), of its candidate powers of two
-    (``power_of_two_candidates``) the one that quantizes ``real`` with the smallest squared
+    """Per element of ``scale`` (broadcast against ``real``), of its ``count`` candidate powers
+    of two (``power_of_two_candidates``) the one that quantizes ``real`` with the smallest squared
     error. Rounding up never clips but loses up to one bit everywhere; rounding down keeps the
     bit and clips the tail, which wins for the heavy-tailed activations of a trained
     Transformer, and for some (attention scores) a power of two further down wins again."""
-    candidates = power_of_two_candidates(scale)
+    candidates = power_of_two_candidates(scale, count)
     errors = [squared_error(real, candidate, zero_point, dtype) for candidate in candidates]
     return smallest_error(candidates, errors)
 
@@ -87,18 +79,18 @@ def smallest_error(candidates: Sequence[np.ndarray], errors: Sequence[np.ndarray
 
 
 def round_scales_to_power_of_two(
-    model: onnx.ModelProto, activation_scales: Mapping[str, np.ndarray] | None = None
+    model: onnx.ModelProto, activation_scales: Mapping[str, np.ndarray], count: int
 ) -> dict[str, np.ndarray]:
     """Every Quantize/DequantizeLinear scale -> a power of two, in place.
 
-    Weights pick their power of two per channel on their own values and are re-quantized to it;
-    an activation takes the power of two chosen on its calibration values, given in
+    Weights pick their power of two per channel, of ``count`` candidates, on their own values
+    and are re-quantized to it; an activation takes the power of two chosen on its calibration
+    values, given in
     ``activation_scales`` (scale name -> power of two, from ``calibration_pass``), or rounds
     up when it has none (nothing clips); an int32 bias takes input scale x weight scale, the
     scale integer kernels assume for it, and is re-quantized to that. Returns every scale's
     new value, by scale name.
     """
-    activation_scales = activation_scales or {}
     initializers = {init.name: init for init in model.graph.initializer}
     qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
     constant = [n for n in qdq if n.op_type == "DequantizeLinear" and n.input[0] in initializers]
@@ -106,7 +98,7 @@ def round_scales_to_power_of_two(
     chosen: dict[str, np.ndarray] = {}
     for node in constant:
         if not is_bias[node.input[0]] and node.input[1] not in chosen:
-            chosen[node.input[1]] = _requantize(node, initializers, None)
+            chosen[node.input[1]] = _requantize(node, initializers, None, count)
     for node in qdq:
         scale_name = node.input[1]
         if node.op_type != "QuantizeLinear" or scale_name in chosen:
@@ -119,7 +111,8 @@ def round_scales_to_power_of_two(
     bias_scales = _bias_scales(model, initializers, chosen)
     for node in constant:
         if is_bias[node.input[0]] and node.input[1] not in chosen:
-            chosen[node.input[1]] = _requantize(node, initializers, bias_scales.get(node.output[0]))
+            new = bias_scales.get(node.output[0])
+            chosen[node.input[1]] = _requantize(node, initializers, new, count)
     for node in qdq:  # any scale left: round up
         if node.input[1] not in chosen:
             old = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float64)
@@ -136,9 +129,13 @@ def _dtype_of(tensor: onnx.TensorProto) -> np.dtype:
 
 
 def _requantize(
-    node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto], new: np.ndarray | None
+    node: onnx.NodeProto,
+    initializers: dict[str, onnx.TensorProto],
+    new: np.ndarray | None,
+    count: int,
 ) -> np.ndarray:
-    """Re-quantize a DequantizeLinear's constant data to ``new`` (or to its best power of two)
+    """Re-quantize a DequantizeLinear's constant data to ``new`` (or to its best power of two of
+    ``count``)
     so that it dequantizes to the same real values; returns the new scale, shaped like the old."""
     data, scale_name = node.input[0], node.input[1]
     values = numpy_helper.to_array(initializers[data])
@@ -148,7 +145,7 @@ def _requantize(
     old = _broadcast(old_scale, values.ndim, axis)
     real = (values.astype(np.float64) - zero_point) * old
     if new is None:
-        new = best_power_of_two(real, old, zero_point, values.dtype)
+        new = best_power_of_two(real, old, zero_point, values.dtype, count)
     else:
         new = _broadcast(np.broadcast_to(new, old_scale.shape), values.ndim, axis)
     info = np.iinfo(values.dtype)

@@ -9,6 +9,7 @@ equal to the models. Bump
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -199,6 +200,16 @@ class PowerOfTwoScale(_Model):
         description="own error: whichever rounding quantizes the tensor's own calibration values "
         "with less squared error; range: rounded up (no calibration values reach it)"
     )
+
+
+def power_of_two_counts(scales: Sequence[PowerOfTwoScale]) -> dict[str, tuple[int, int, int]]:
+    """Scale choices summed by kind ("activation", "weight"): (rounded up, rounded down, of those
+    down two powers of two or more), channels for a weight."""
+    fields = ("channels_up", "channels_down", "channels_down_further")
+    return {
+        kind: tuple(sum(getattr(s, f) for s in scales if s.kind == kind) for f in fields)
+        for kind in ("activation", "weight")
+    }
 
 
 class StreamFactor(_Model):

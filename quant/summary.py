@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from .report import Host, Report, TargetReport
+from .report import Host, Report, TargetReport, power_of_two_counts
 
 
 def _pct(value: float | None) -> str:
@@ -178,11 +178,9 @@ def power_of_two_line(target: TargetReport) -> str | None:
     if not scales:
         return None
     parts = []
+    counts = power_of_two_counts(scales)
     for kind, unit in (("activation", "activations"), ("weight", "weight channels")):
-        of_kind = [scale for scale in scales if scale.kind == kind]
-        up = sum(scale.channels_up for scale in of_kind)
-        down = sum(scale.channels_down for scale in of_kind)
-        further = sum(scale.channels_down_further for scale in of_kind)
+        up, down, further = counts[kind]
         parts.append(
             f"{unit} {up} rounded up / {down} down"
             + (f" ({further} of them by two powers of two or more)" if further else "")

@@ -13,15 +13,16 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quant.pow2_record import scale_choices
 from quant.pow2_scales import (
-    POWER_OF_TWO_CANDIDATES,
     best_power_of_two,
     power_of_two_candidates,
     smallest_error,
     squared_error,
 )
+from quant.targets import PROFILES
 
 INT8 = np.dtype(np.int8)
 ZERO = np.zeros((), np.float64)
+COUNT = PROFILES["tda4vm"].power_of_two_candidates  # what tda4vm's search weighs
 
 
 def _outlier_tensor() -> tuple[np.ndarray, np.ndarray]:
@@ -32,15 +33,15 @@ def _outlier_tensor() -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_the_candidates_are_the_ceiling_and_the_powers_of_two_below_it() -> None:
-    candidates = power_of_two_candidates(np.asarray([0.3, 0.25]))
-    assert len(candidates) == POWER_OF_TWO_CANDIDATES
+    candidates = power_of_two_candidates(np.asarray([0.3, 0.25]), COUNT)
+    assert len(candidates) == COUNT
     assert [list(c) for c in candidates[:3]] == [[0.5, 0.25], [0.25, 0.125], [0.125, 0.0625]]
 
 
 def test_an_outlier_set_range_is_clipped_further_than_one_power_of_two() -> None:
     real, scale = _outlier_tensor()
-    ceiling, below = power_of_two_candidates(scale)[:2]
-    chosen = best_power_of_two(real, scale, ZERO, INT8)
+    ceiling, below = power_of_two_candidates(scale, COUNT)[:2]
+    chosen = best_power_of_two(real, scale, ZERO, INT8, COUNT)
     assert chosen == below / 2  # two powers of two under the ceiling (0.5 -> 0.125)
     error = squared_error(real, chosen, ZERO, INT8).item()
     # smaller than either power of two around the MinMax scale, the choice of a 2-way search
@@ -50,7 +51,7 @@ def test_an_outlier_set_range_is_clipped_further_than_one_power_of_two() -> None
 def test_a_range_without_an_outlier_keeps_a_scale_next_to_its_minmax_one() -> None:
     real = np.linspace(-100, 100, 2001, dtype=np.float32)  # uniform: clipping only hurts
     scale = np.asarray(100 / 127, np.float64)
-    assert best_power_of_two(real, scale, ZERO, INT8) == power_of_two_candidates(scale)[0]
+    assert best_power_of_two(real, scale, ZERO, INT8, COUNT) == power_of_two_candidates(scale, 2)[0]
 
 
 def test_equal_errors_choose_the_larger_scale() -> None:

@@ -134,7 +134,10 @@ def test_power_of_two_choice_sums_the_errors_of_every_batch(mlp: dict) -> None:
         scale, zero_point = scales[node.input[1]], scales[node.input[2]]
         real = tensor.ravel()
         zero = zero_point.astype(np.float64)
-        return float(best_power_of_two(real, scale.astype(np.float64), zero, zero_point.dtype)[0])
+        count = tda4vm.power_of_two_candidates
+        return float(
+            best_power_of_two(real, scale.astype(np.float64), zero, zero_point.dtype, count)[0]
+        )
 
     checked = {}
     for node in minmax.graph.node:
@@ -246,7 +249,7 @@ def test_the_power_of_two_pass_hands_bias_correction_the_means_it_would_take(
     sites = mean_sites(quantized, fp32_tensors(prepared))
     assert len(sites) == 2  # both Linears, fused into Gemm by ORT's pre-processing
     _, handed = ort_int8.calibration_pass(
-        quantized, prepared, prepared_path, calibration, tmp_path, sites
+        quantized, prepared, prepared_path, calibration, tmp_path, sites, 2
     )
     own = channel_means(prepared, {name: axis for name, (axis, _) in sites.items()}, calibration)
     assert handed.keys() == own.keys()
