@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,6 +56,10 @@ MODELS = {
 }  # fmt: skip
 CLI = [sys.executable, "-m", "service.cli"]
 WALL_STEPS = ("migrate", "int8-ready", "convert")  # the table's wall-time column
+# One chain at a time reads its directories: transformers' lazy imports are not thread-safe (two
+# chains reusing kept directories loaded at once, and one was told ViTForImageClassification
+# is not a model class).
+_LOADING = threading.Lock()
 # EDGE_UN_BENCH_TEACHERS=DIR keeps every directory a chain makes (DIR/MODEL-ln-SEED, -un-SEED,
 # -un8-SEED, each made by the same deterministic command) and a re-run reuses what it finds, so that
 # after a converter change only the conversions run again; unset, they live in a temp dir.
@@ -106,11 +111,12 @@ def chain(model: str, seed: int, work: Path) -> dict[str, Any]:
     seconds["convert"] = time.perf_counter() - start
     # The migrated model converted too: does the int8-ready step earn its place?
     targets_migrated, _ = converted(migrated, work / f"{model}-out-migrated-{seed}")
-    accuracy = {
-        name: edge_un.load_pretrained(path)[1].metadata["test_accuracy"]
-        for name, path in (("teacher", teacher), ("migrated", migrated), ("int8_ready", ready))
-    }
-    migration = edge_un.load_pretrained(migrated)[1].metadata["finetune"]
+    with _LOADING:
+        accuracy = {
+            name: edge_un.load_pretrained(path)[1].metadata["test_accuracy"]
+            for name, path in (("teacher", teacher), ("migrated", migrated), ("int8_ready", ready))
+        }
+        migration = edge_un.load_pretrained(migrated)[1].metadata["finetune"]
     print(f"{model} seed {seed}: {accuracy}, exit {exit_code}", flush=True)
     return {"accuracy": accuracy, "targets": targets, "targets_migrated": targets_migrated,
             "migrate_lr": migration["recipe"]["lr"], "kept_epoch": migration.get("kept_epoch"),
