@@ -187,6 +187,11 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
 
 
+def _pts(value: float) -> str:
+    """A drop in points to one decimal, without a sign on zero (-0.04 is 0.0, not -0.0)."""
+    return f"{round(value, 1) + 0.0:.1f}"
+
+
 def markdown(results: dict[str, Any]) -> str:
     from quant.report import Host
 
@@ -262,13 +267,13 @@ def _drift_cell(target: dict[str, Any]) -> str:
     if target.get("pure_agreement") is None:
         return f"failed: {target.get('error')}"
     mark = "" if target["pure_within_bar"] else " (over)"
-    cell = f"{_pct(target['pure_agreement'])} / {target['pure_drop_pts']:.1f}{mark}"
+    cell = f"{_pct(target['pure_agreement'])} / {_pts(target['pure_drop_pts'])}{mark}"
     tried = target.get("recipes_tried") or []
     if len(tried) > 1:  # the ladder moved: which recipe shipped, and the first one's figure
         first = tried[0]
         cell += (
             f", recipe {len(tried)} (recipe 1: {_pct(first['agreement'])} / "
-            f"{first['top1_drop_pts']:.1f}{'' if first['within_bar'] else ' over'})"
+            f"{_pts(first['top1_drop_pts'])}{'' if first['within_bar'] else ' over'})"
         )
     return cell
 
