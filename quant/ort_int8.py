@@ -55,6 +55,7 @@ from .ort_options import computing_options
 from .ort_rewrites import apply_ort_rewrites, ort_rewrites, shared_quantization
 from .pow2_record import scale_choices, scales_by_name, write_choices
 from .pow2_scales import (
+    candidate_count,
     power_of_two_candidates,
     quantized_dtype,
     round_scales_to_power_of_two,
@@ -250,11 +251,13 @@ def calibration_pass(
     for node in quantized.graph.node:
         if node.op_type == "QuantizeLinear":
             sites.setdefault(node.input[1], node)
+    producers = {out: node.op_type for node in quantized.graph.node for out in node.output}
     candidates = {
         scale: power_of_two_candidates(
-            numpy_helper.to_array(initializers[scale]), candidates_per_scale
+            numpy_helper.to_array(initializers[scale]),
+            candidate_count(producers.get(node.input[0]), candidates_per_scale),
         )
-        for scale in sites
+        for scale, node in sites.items()
     }
     errors: dict[str, list[np.ndarray]] = {}  # scale -> each candidate's total
     run = SavedTensors(fp32_path, scratch / "augmented.onnx")
