@@ -8,17 +8,23 @@ less error when more of its tail is clipped. Here the numbers are small enough t
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from quant.pow2_record import scale_choices
+from quant.data import Samples, as_feeds
+from quant.ort_int8 import quantize_onnx
+from quant.pow2_record import recorded_choices, scale_choices
 from quant.pow2_scales import (
     best_power_of_two,
     power_of_two_candidates,
     smallest_error,
     squared_error,
 )
-from quant.targets import PROFILES
+from quant.targets import PROFILES, TargetProfile
 
 INT8 = np.dtype(np.int8)
 ZERO = np.zeros((), np.float64)
@@ -83,3 +89,55 @@ def test_the_record_counts_scales_clipped_by_more_than_one_power_of_two() -> Non
     }
     assert summary == {"a": (0, 1, 1, -3), "b": (0, 1, 0, -2), "c": (1, 0, 0, -1)}
     assert records["c"].chosen_by == "range" and records["a"].chosen_by == "own error"
+
+
+def _attention_probabilities(path: Path) -> tuple[Path, np.ndarray]:
+    """scores -> Softmax -> p -> p V, and 32 samples of scores whose probabilities are small
+    (~1/48) but for one peaked row (0.9), the rare top of a range the op bounds."""
+    rng = np.random.default_rng(0)
+    shape = [1, 4, 48, 48]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+            helper.make_node("MatMul", ["p", "v"], ["y"]),
+        ],
+        "attention",
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", *shape[1:]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, 48, 8])],
+        [numpy_helper.from_array(rng.standard_normal((48, 8)).astype(np.float32), "v")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(path))
+    scores = (0.5 * rng.standard_normal((32, *shape[1:]))).astype(np.float32)
+    scores[0, 0, 0, 0] = 8.0
+    return path, scores
+
+
+def test_a_softmax_output_keeps_its_largest_probabilities(tmp_path: Path) -> None:
+    """Its own squared error alone would clip the peaked row's 0.9 to an eighth of the range
+    for finer steps everywhere else; a Softmax output weighs only the two powers of two
+    around its MinMax scale (quant.pow2_scales.BOUNDED_OPS)."""
+    fp32, scores = _attention_probabilities(tmp_path / "attention.onnx")
+    calibration = Samples(as_feeds(scores), None, "t")
+    tda4vm = PROFILES["tda4vm"]
+    minmax_profile = replace(tda4vm, power_of_two_scales=False, bias_correction=False)
+
+    def p_scale(profile: TargetProfile, name: str) -> tuple[np.ndarray, Path]:
+        path = quantize_onnx(fp32, tmp_path / name, profile, calibration)
+        model = onnx.load(str(path))
+        values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        (node,) = [
+            n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "p"
+        ]
+        return values[node.input[1]].astype(np.float64), path
+
+    minmax, _ = p_scale(minmax_profile, "minmax.onnx")
+    chosen, path = p_scale(tda4vm, "tda4vm.onnx")
+    ceiling = power_of_two_candidates(minmax, COUNT)[0]
+    probabilities = np.exp(scores - scores.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    alone = best_power_of_two(probabilities, minmax, ZERO, INT8, COUNT)
+    assert alone < ceiling / 2  # the squared error alone goes further down
+    assert chosen >= ceiling / 2
+    (record,) = [r for r in recorded_choices(path) if r.tensor == "p"]
+    assert record.channels_down_further == 0
