@@ -246,6 +246,16 @@ INT8_RECIPES: dict[str, Int8Recipe] = {
         why="removes the systematic part of the weights' rounding error; free at run time, "
         "one walk through the graph over the calibration data at conversion",
     ),
+    # tda4vm's second recipe: its first corrects the biases. Measured on the bundled
+    # text-rt-ln-to-un (2562 test sentences, exact arithmetic): corrected 98.8 %, as calibrated
+    # 99.65 %, though the logits' cosine is higher corrected (0.9911 vs 0.9910): a shift of the
+    # mean error that crosses the decision threshold of sentences near it.
+    "calibrated_biases": Int8Recipe(
+        name="int32 biases as calibrated, not corrected",
+        changes=(("bias_correction", False),),
+        why="the correction lowers each channel's mean error on the calibration data, which "
+        "for some models moves answers near the decision threshold the wrong way",
+    ),
     # ORT's x86 U8U8 kernels widen both operands to int16 and add pairs in int32, never in int16
     # as its u8s8 kernels do without VNNI (VPMADDUBSW): 8-bit weights cannot saturate there either
     # (benchmarks/results/cpu_recipe.md; tests/test_int8_hosts.py runs one under QEMU's Haswell)
@@ -365,8 +375,9 @@ PROFILES: dict[str, TargetProfile] = {
             power_of_two_candidates=4,
             stream_factors=True,
             # TIDL's own calibration corrects its biases too ("advanced bias calibration", its
-            # accuracy_level 1): every tda4vm file measured gains from it, and one walk through
-            # the graph makes it cheap (benchmarks/results/bias_correction.md)
+            # accuracy_level 1): most tda4vm files measured gain from it, and one walk through
+            # the graph makes it cheap (benchmarks/results/bias_correction.md); a file it
+            # pushes over the bars takes its biases as calibrated (the ladder's next recipe)
             bias_correction=True,
             full_integer=False,
             host_kernel_drift=False,
@@ -382,7 +393,7 @@ PROFILES: dict[str, TargetProfile] = {
             shapes_of_quantized=False,
             accelerator_ops=TIDL_OPS,
             notes="symmetric only, power-of-2 scales, both MatMul inputs signed",
-            int8_ladder=(),
+            int8_ladder=("calibrated_biases",),
         ),
     )
 }
