@@ -1,6 +1,7 @@
 """Hugging Face LayerNorm models to int8 on every target: migrate -> int8-ready -> convert.
 
-    .venv/bin/python -m benchmarks.hf_migrate                # ~90 min on 2 cores
+    .venv/bin/python -m benchmarks.hf_migrate                # ~40-90 min on 2 cores
+    EDGE_UN_BENCH_TEACHERS=DIR .venv/bin/python -m benchmarks.hf_migrate  # again: ~10 min
     .venv/bin/python -m benchmarks.hf_migrate --report-only  # Markdown and plot from the JSON
 
 A small ``ViTForImageClassification`` (MNIST-5k) and ``BertForSequenceClassification`` (Rotten

@@ -143,7 +143,7 @@ def quantize_onnx(
                 needed = mean_sites(quantized, fp32_tensors(reference))
                 means_of = {n: site for n, site in needed.items() if n not in shared.fp32_means}
             if profile.power_of_two_scales:
-                # MinMax scales first: they give each activation its two power-of-two candidates;
+                # MinMax scales first: they give each activation its power-of-two candidates;
                 # the same fp32 pass takes the means bias correction measures against
                 count = profile.power_of_two_candidates
                 scales, fp32_means = calibration_pass(

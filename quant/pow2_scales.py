@@ -101,11 +101,11 @@ def round_scales_to_power_of_two(
 
     Weights pick their power of two per channel, of ``count`` candidates, on their own values
     and are re-quantized to it; an activation takes the power of two chosen on its calibration
-    values, given in
-    ``activation_scales`` (scale name -> power of two, from ``calibration_pass``), or rounds
-    up when it has none (nothing clips); an int32 bias takes input scale x weight scale, the
-    scale integer kernels assume for it, and is re-quantized to that. Returns every scale's
-    new value, by scale name.
+    values, given in ``activation_scales`` (scale name -> power of two, from
+    ``calibration_pass``), or rounds up when it has none (nothing clips); an int32 bias takes
+    input scale x weight scale, the scale integer kernels assume for it, and is re-quantized to
+    that (one that no Conv/Gemm adds, a LayerNormalization's, picks its own best of ``count``).
+    Returns every scale's new value, by scale name.
     """
     initializers = {init.name: init for init in model.graph.initializer}
     qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
@@ -151,8 +151,8 @@ def _requantize(
     count: int,
 ) -> np.ndarray:
     """Re-quantize a DequantizeLinear's constant data to ``new`` (or to its best power of two of
-    ``count``)
-    so that it dequantizes to the same real values; returns the new scale, shaped like the old."""
+    ``count``) so that it dequantizes to the same real values; returns the new scale, shaped like
+    the old."""
     data, scale_name = node.input[0], node.input[1]
     values = numpy_helper.to_array(initializers[data])
     axis = next((a.i for a in node.attribute if a.name == "axis"), 1)

@@ -197,8 +197,9 @@ class PowerOfTwoScale(_Model):
         description="an activation's scale, as a power of two; None for a weight (per channel)"
     )
     chosen_by: Literal["own error", "range"] = Field(
-        description="own error: whichever rounding quantizes the tensor's own calibration values "
-        "with less squared error; range: rounded up (no calibration values reach it)"
+        description="own error: whichever candidate power of two quantizes the tensor's own "
+        "values (an activation's on the calibration data) with the least squared error; range: "
+        "rounded up (no calibration values reach it)"
     )
 
 
