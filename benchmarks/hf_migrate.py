@@ -160,6 +160,7 @@ def target_figures(target: TargetReport) -> dict[str, Any]:
 def run() -> dict[str, Any]:
     committed = RESULTS / f"{NAME}.json"
     previous = json.loads(committed.read_text())["runs"] if committed.exists() else {}
+    previous_commit = git_commit(committed) if previous else None
     results: dict[str, Any] = {"host": describe_host().model_dump(), "commit": git_commit(),
                                "runs": {}}  # fmt: skip
     with tempfile.TemporaryDirectory() as scratch:
@@ -173,7 +174,7 @@ def run() -> dict[str, Any]:
                 run["seconds"] = {**made, **run["seconds"]}
                 if (before := previous.get(model, {}).get(str(seed))) is not None:
                     # tda4vm's file beside the committed run's: its scale search changes it
-                    run["previous"] = {"committed_in": git_commit(committed),
+                    run["previous"] = {"committed_in": previous_commit,
                                        "tda4vm": before["targets"]["tda4vm"]}  # fmt: skip
                 results["runs"].setdefault(model, {})[str(seed)] = run
     return results

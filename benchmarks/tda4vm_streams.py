@@ -7,7 +7,7 @@ Each bundled UN example is converted for tda4vm twice by the pipeline itself
 (``quant.convert``): with the target's profile as it ships (``stream_factors``: each residual
 stream scaled by the factor in [1, 2) whose power-of-two scales give the smallest int8 logits
 error on 128 calibration samples, ``quant.pow2_grid``) and with that step off, the rest of the
-recipe (s8 symmetric activations, power-of-two scales, the bias-correction rung) the same. The
+recipe (s8 symmetric activations, power-of-two scales, its int8 ladder) the same. The
 figures are the report's (pure int8 agreement and top-1 drop in exact arithmetic on the held-out
 test split) and the logits' mean squared error against the fp32 file on that split, the quantity
 the search lowers (on calibration samples, not these). Wall: the whole tda4vm conversion,
@@ -115,7 +115,7 @@ def markdown(results: dict[str, Any]) -> str:
         "for tda4vm by the pipeline twice, with and without the residual-stream factors "
         "(`quant.pow2_grid`), everything else the same. Agreement and drop: the pure int8 file "
         "in exact arithmetic on the held-out test split (the report's figures); `rung`: the int8 "
-        "recipe shipped (1: first, 2: biases corrected); test logits' MSE: mean squared "
+        "recipe shipped (1: biases corrected, 2: as calibrated); test logits' MSE: mean squared "
         "difference of the int8 and fp32 logits on the test split. The search's own figures "
         "(logits' MSE on 128 calibration samples at factor 1 and at the chosen one) are in the "
         "last column. Wall: the whole tda4vm conversion.",

@@ -170,8 +170,9 @@ class TargetProfile:
         if self.power_of_two_scales:
             rules.append(
                 "every scale a power of two: of the ceiling of its MinMax scale and the "
-                f"{self.power_of_two_candidates - 1} below it, the one that quantizes its "
-                "calibration values (a weight channel: its own) with the least squared error"
+                f"{self.power_of_two_candidates - 1} below it (a Softmax, Sigmoid or Tanh "
+                "output: the two around it), the one that quantizes its calibration values (a "
+                "weight channel: its own) with the least squared error"
             )
         if self.bias_correction:
             rules.append(
