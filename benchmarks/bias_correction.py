@@ -34,9 +34,10 @@ from benchmarks.results_main import benchmark_main, save_figure
 from converters.attention_masks import bound_attention_masks
 from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
-from quant.data import CALIBRATION_SAMPLES, InputSpec, checkpoint_samples
+from quant.data import CALIBRATION_SAMPLES, checkpoint_samples
 from quant.drift import measure_drift, onnx_runner
 from quant.ort_int8 import quantize_onnx
+from quant.prepare import input_specs
 from quant.targets import PROFILES
 
 NAME = "bias_correction"
@@ -52,10 +53,7 @@ def top1_margin_quantile(logits: np.ndarray, quantile: float = 0.01) -> float:
 
 def measure_model(name: str, scratch: Path) -> list[dict[str, Any]]:
     folded = load_and_fold(examples.path(name))
-    specs = [
-        InputSpec(input_name, tuple(example.shape[1:]), str(example.numpy().dtype))
-        for input_name, example in zip(folded.input_names, folded.example, strict=True)
-    ]
+    specs = input_specs(folded)
     calibration = checkpoint_samples(folded.info, "train", CALIBRATION_SAMPLES, specs)
     evaluation = checkpoint_samples(folded.info, "test", specs=specs)
     rows = []

@@ -48,11 +48,12 @@ from benchmarks.results_main import benchmark_main
 from converters.attention_masks import bound_attention_masks
 from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
-from quant.data import CALIBRATION_SAMPLES, Feeds, InputSpec, Samples, as_feeds, checkpoint_samples
+from quant.data import CALIBRATION_SAMPLES, Feeds, Samples, as_feeds, checkpoint_samples
 from quant.drift import measure_drift, onnx_runner
 from quant.emulation import NON_VNNI_CPU, QEMU, qemu_available
 from quant.host import describe_host
 from quant.ort_int8 import quantize_onnx
+from quant.prepare import input_specs
 from quant.targets import DEFAULT_BARS, PROFILES, TargetProfile
 
 NAME = "ort_speed"
@@ -158,10 +159,7 @@ def model_data(name: str) -> ModelData:
             export_folded(folded, fp32, opset=21, dynamic_batch=True)
         return ModelData(fp32, Samples(as_feeds(calib), None, "random"), None, as_feeds(inputs))
     folded = load_and_fold(examples.path(name), allow_online=name.endswith("-ln"))
-    specs = [
-        InputSpec(input_name, tuple(example.shape[1:]), str(example.numpy().dtype))
-        for input_name, example in zip(folded.input_names, folded.example, strict=True)
-    ]
+    specs = input_specs(folded)
     if not fp32.exists():
         export_folded(folded, fp32, opset=21, dynamic_batch=True)
         proto = onnx.load(str(fp32))

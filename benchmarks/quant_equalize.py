@@ -43,7 +43,7 @@ from onnx import helper, numpy_helper
 from benchmarks.results_main import RESULTS
 from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
-from quant.data import Samples, as_feeds, checkpoint_samples
+from quant.data import Samples, checkpoint_samples
 from quant.drift import measure_drift, onnx_runner, sqnr_db
 from quant.ort_int8 import quantize_onnx
 from quant.targets import PROFILES
@@ -275,13 +275,9 @@ def residual_stream(fp32: Path, model: onnx.ModelProto, inputs: np.ndarray) -> l
 
 
 def calibration_draw(folded, seed: int) -> Samples:
-    """CALIBRATION_SAMPLES of the train split, drawn like ``checkpoint_samples`` with ``seed``
-    (seed 0 is exactly the draw every other benchmark calibrates on)."""
-    train = checkpoint_samples(folded.info, "train")
-    rows = np.random.default_rng(seed).permutation(len(train))[:CALIBRATION_SAMPLES]
-    return Samples(
-        as_feeds(np.ascontiguousarray(train.inputs[rows])), train.labels[rows], train.source
-    )
+    """CALIBRATION_SAMPLES of the train split, drawn with ``seed`` (seed 0 is exactly the draw
+    every other benchmark calibrates on)."""
+    return checkpoint_samples(folded.info, "train", CALIBRATION_SAMPLES, seed=seed)
 
 
 def run_model(label: str, source: Path, scratch: Path) -> tuple[list[dict], dict]:

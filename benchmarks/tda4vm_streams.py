@@ -31,10 +31,11 @@ import numpy as np
 from benchmarks.results_main import benchmark_main, save_figure
 from converters.pipeline import load_and_fold
 from edge_un import examples
-from quant.data import InputSpec, checkpoint_samples
+from quant.data import checkpoint_samples
 from quant.drift import onnx_runner
 from quant.host import describe_host
 from quant.pipeline import convert
+from quant.prepare import input_specs
 from quant.report import Host
 from quant.targets import PROFILES
 
@@ -50,10 +51,7 @@ VARIANTS = {"without": replace(PROFILE, stream_factors=False), "with": PROFILE}
 def held_out_logits_mse(name: str, out_dir: Path) -> float:
     """The tda4vm file's logits vs its fp32 file's on the held-out test split."""
     folded = load_and_fold(examples.path(name))
-    specs = [
-        InputSpec(input_name, tuple(example.shape[1:]), str(example.numpy().dtype))
-        for input_name, example in zip(folded.input_names, folded.example, strict=True)
-    ]
+    specs = input_specs(folded)
     evaluation = checkpoint_samples(folded.info, "test", specs=specs)
     (fp32,) = (out_dir / "fp32").glob("model_opset17_*.onnx")
     reference = onnx_runner(fp32)(evaluation.feeds)

@@ -284,17 +284,22 @@ def _checked_input(array: np.ndarray, spec: InputSpec, where: str, name: str) ->
 
 
 def checkpoint_samples(
-    info: object, part: str, count: int | None = None, specs: Sequence[InputSpec] = ()
+    info: object,
+    part: str,
+    count: int | None = None,
+    specs: Sequence[InputSpec] = (),
+    seed: int = CALIBRATION_SEED,
 ) -> Samples:
     """Samples of the split an edge_un checkpoint was trained on: ``"train"`` for calibration
-    (a seeded random ``count`` of them), ``"test"`` for evaluation (all of it), as the feeds of
-    a model taking ``specs`` (see ``dataset_feeds``; none given: one unnamed array)."""
+    (a random ``count`` of them, drawn with ``seed``: the default is the pipeline's draw),
+    ``"test"`` for evaluation (all of it), as the feeds of a model taking ``specs`` (see
+    ``dataset_feeds``; none given: one unnamed array)."""
     from edge_un import data as edge_data  # the data wheels are only needed on this path
 
     inputs, labels = edge_data.checkpoint_split(info, part)
     x, y = inputs.numpy(), labels.numpy().astype(np.int64)
     if count is not None and count < len(x):
-        rows = np.random.default_rng(CALIBRATION_SEED).permutation(len(x))[:count]
+        rows = np.random.default_rng(seed).permutation(len(x))[:count]
         x, y = x[rows], y[rows]
     feeds = dataset_feeds(np.ascontiguousarray(x), specs) if specs else as_feeds(x)
     return Samples(feeds, y, f"checkpoint {part} split")

@@ -76,7 +76,7 @@ def prepare(
     folded = load_and_fold(model, config=config, allow_online=allow_online, input_shapes=shapes)
     if recalibrate_batches:
         check_recalibratable(folded)
-    specs = _input_specs(folded)
+    specs = input_specs(folded)
     calibration = _samples(calib, folded, specs, "calibration")
     evaluation = _samples(eval, folded, specs, "evaluation")
     recalibration = None
@@ -195,7 +195,7 @@ def _export(folded: FoldedSource, out_dir: Path, opset: int, static: bool) -> Ex
     )
 
 
-def _input_specs(folded: FoldedSource) -> tuple[InputSpec, ...]:
+def input_specs(folded: FoldedSource) -> tuple[InputSpec, ...]:
     """Each model input: its name, one sample's shape (-1 where the file leaves it open), dtype."""
     if folded.is_onnx:
         values = {v.name: v.type.tensor_type for v in folded.folded.graph.input}
