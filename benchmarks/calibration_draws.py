@@ -19,6 +19,7 @@ ViT.
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
@@ -31,7 +32,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from benchmarks.results_main import benchmark_main, git_commit, save_figure
+from benchmarks.results_main import RESULTS, benchmark_main, git_commit, save_figure
 from converters.pipeline import load_and_fold
 from edge_un import examples
 from quant.data import CALIBRATION_SAMPLES, CALIBRATION_SEED, checkpoint_samples
@@ -86,10 +87,15 @@ def measure(name: str, seed: int, scratch: Path) -> dict[str, Any]:
 
 
 def run() -> dict[str, Any]:
+    committed = RESULTS / f"{NAME}.json"  # the run before this one, kept beside it
+    previous = json.loads(committed.read_text()) if committed.exists() else None
     seeds = range(CALIBRATION_SEED, CALIBRATION_SEED + DRAWS)
     with tempfile.TemporaryDirectory() as scratch:
         rows = [measure(name, seed, Path(scratch)) for name in MODELS for seed in seeds]
-    return {"host": describe_host().model_dump(), "commit": git_commit(), "rows": rows}
+    results = {"host": describe_host().model_dump(), "commit": git_commit(), "rows": rows}
+    if previous is not None:
+        results["previous"] = {"commit": previous["commit"], "rows": previous["rows"]}
+    return results
 
 
 def spread(results: dict[str, Any], model: str, target: str) -> dict[str, Any]:
@@ -111,9 +117,20 @@ def spread(results: dict[str, Any], model: str, target: str) -> dict[str, Any]:
     }
 
 
+def _before(previous: dict[str, Any] | None, model: str, target: str) -> str:
+    """The previous run's own draw, median and draws at the margin, or a dash."""
+    if previous is None or not any(row["model"] == model for row in previous["rows"]):
+        return "-"
+    found = spread(previous, model, target)
+    return (f"own {100 * found['own_draw']:.2f} %, median {100 * found['median']:.2f} %, "
+            f"{found['at_margin']} / {len(found['agreements'])} at the margin")  # fmt: skip
+
+
 def markdown(results: dict[str, Any]) -> str:
     host = Host.model_validate(results["host"])
     draws = len({row["seed"] for row in results["rows"]})
+    previous = results.get("previous")
+    before_header = f"before ({previous['commit']})" if previous else "before"
     lines = [
         "# Calibration draws: the spread of a pure int8 file's agreement",
         "",
@@ -125,11 +142,11 @@ def markdown(results: dict[str, Any]) -> str:
         "the held-out test split, in its arithmetic (exact for the ONNX files, LiteRT for "
         "imx93). Disagreements: test samples whose int8 top-1 differs from fp32, the unit the "
         f"agreement moves in. `>= {100 * MARGIN:.1f} %`: draws reaching issue 34's margin; "
-        "`ok`: draws within the bars.",
+        "`ok`: draws within the bars. Before: the previous committed run of this benchmark.",
         "",
         "| model | target | own draw | median | min - max | disagreements (min - max, of N) "
-        f"| >= {100 * MARGIN:.1f} % | ok | logits' cosine (min - max) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| >= {100 * MARGIN:.1f} % | ok | logits' cosine (min - max) | {before_header} |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for model in dict.fromkeys(row["model"] for row in results["rows"]):
         for target in TARGETS:
@@ -141,7 +158,8 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {min(found['disagreements'])} - {max(found['disagreements'])} of "
                 f"{found['samples']} | {found['at_margin']} / {draws} "
                 f"| {found['within_bar']} / {draws} "
-                f"| {min(found['cosines']):.5f} - {max(found['cosines']):.5f} |"
+                f"| {min(found['cosines']):.5f} - {max(found['cosines']):.5f} "
+                f"| {_before(previous, model, target)} |"
             )
     lines += ["", "Each draw (agreement %; tda4vm's residual-stream factors in brackets):", "",
               "| model | draw | " + " | ".join(TARGETS) + " | wall (s) |",
@@ -159,15 +177,20 @@ def markdown(results: dict[str, Any]) -> str:
 
 def plot(results: dict[str, Any]) -> None:
     models = list(dict.fromkeys(row["model"] for row in results["rows"]))
+    previous = results.get("previous")
     figure, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.8), sharey=True)
     for axis, model in zip(np.atleast_1d(axes), models, strict=True):
         for position, target in enumerate(TARGETS):
             found = spread(results, model, target)
             jitter = np.linspace(-0.15, 0.15, len(found["agreements"]))
             axis.scatter(position + jitter, [100 * a for a in found["agreements"]], s=14,
-                         label="a draw" if position == 0 else None)  # fmt: skip
+                         color=f"C{position}")  # fmt: skip
             axis.scatter([position], [100 * found["own_draw"]], marker="x", color="black",
                          s=40, label="the pipeline's draw" if position == 0 else None)  # fmt: skip
+            if previous is not None:
+                before = 100 * spread(previous, model, target)["median"]
+                label = f"median at {previous['commit']}" if position == 0 else None
+                axis.hlines(before, position - 0.25, position + 0.25, color="grey", label=label)
         axis.axhline(99.0, color="black", linewidth=0.8, linestyle="--")
         axis.axhline(100 * MARGIN, color="grey", linewidth=0.8, linestyle=":")
         axis.set_xticks(range(len(TARGETS)), TARGETS)
@@ -175,7 +198,8 @@ def plot(results: dict[str, Any]) -> None:
     first = np.atleast_1d(axes)[0]
     first.set_ylabel("pure int8 top-1 agreement with fp32 (%)")
     first.legend(fontsize=7, loc="lower left")
-    figure.suptitle("Agreement over calibration draws (dashed: the bar; dotted: the margin)")
+    figure.suptitle(f"Agreement over calibration draws at {results['commit']} (a dot: a draw; "
+                    "dashed: the bar; dotted: the margin)")  # fmt: skip
     save_figure(figure, NAME)
 
 

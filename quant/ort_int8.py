@@ -60,6 +60,8 @@ from .pow2_scales import (
     quantized_dtype,
     round_scales_to_power_of_two,
     smallest_error,
+    softmax_inputs,
+    softmax_visible_error,
     squared_error,
     zero_point_of,
 )
@@ -152,7 +154,9 @@ def quantize_onnx(
                 shared.fp32_means.update(fp32_means)
                 minmax = scales_by_name(quantized)
                 chosen = round_scales_to_power_of_two(quantized, scales, count)
-                write_choices(quantized, scale_choices(quantized, minmax, chosen, set(scales)))
+                records = scale_choices(quantized, minmax, chosen, set(scales),
+                                        softmax_inputs(reference))  # fmt: skip
+                write_choices(quantized, records)
             apply_ort_rewrites(quantized, profile, load_tensors_data(shared.ranges))
             if profile.bias_correction:  # last: on the graph that ships, with its final scales
                 left = {n: axis for n, (axis, _) in means_of.items() if n not in shared.fp32_means}
@@ -264,6 +268,7 @@ def calibration_pass(
     # a scale whose tensor is not a float tensor of the fp32 model is rounded up later
     sites = {scale: node for scale, node in sites.items() if node.input[0] in run.outputs}
     choosing = sorted({node.input[0] for node in sites.values()})
+    read_by_softmax = softmax_inputs(fp32)
     means_of = {name: site for name, site in means_of.items() if name in run.outputs}
     sums = ChannelSums()
     batch, pad = stream_batch(fp32), static_batch(fp32) is not None
@@ -279,7 +284,13 @@ def calibration_pass(
             real = values[node.input[0]]
             zero_point = zero_point_of(node, initializers)
             dtype = quantized_dtype(node, initializers)
-            batch_errors = [squared_error(real, c, zero_point, dtype) for c in candidates[scale]]
+            if node.input[0] in read_by_softmax:
+                axis = read_by_softmax[node.input[0]]
+                batch_errors = [softmax_visible_error(real, c, zero_point, dtype, axis)
+                                for c in candidates[scale]]  # fmt: skip
+            else:
+                batch_errors = [squared_error(real, c, zero_point, dtype)
+                                for c in candidates[scale]]  # fmt: skip
             totals = errors.get(scale, [0.0] * len(batch_errors))
             errors[scale] = [t + e for t, e in zip(totals, batch_errors, strict=True)]
         fed, real_rows = len(next(iter(chunk.values()))), min(batch, len(calibration) - start)

@@ -2,7 +2,8 @@
 
 ``quant.pow2_scales.round_scales_to_power_of_two`` rounds every MinMax scale to the power of two
 just above it (no clipping, coarser steps) or to one below (finer steps, the tail clipped),
-whichever quantizes the tensor's own values with the least squared error. ``scale_choices``
+whichever quantizes the tensor's own values with the least squared error (a Softmax's input: as
+the Softmax sees it). ``scale_choices``
 lists that choice tensor by tensor; ``write_choices`` stores the list in the file's
 ``metadata_props`` (``METADATA_KEY``, JSON; runtimes ignore it), so that it reaches the report
 through every later step (bias correction, the recipe ladder's copies) from the file that
@@ -12,7 +13,7 @@ ships (``recorded_choices``).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from .pow2_scales import power_of_two_ceil
 
 METADATA_KEY = "edge_un.power_of_two_scales"
 OWN_ERROR = "own error"
+SOFTMAX_VISIBLE_ERROR = "softmax-visible error"
 RANGE = "range"
 
 
@@ -40,12 +42,14 @@ def scale_choices(
     model: onnx.ModelProto,
     minmax: Mapping[str, np.ndarray],
     chosen: Mapping[str, np.ndarray],
-    by_own_error: set[str],
+    by_error: set[str],
+    softmax_inputs: Collection[str] = (),
 ) -> list[schema.PowerOfTwoScale]:
     """One record per activation and weight tensor of the QDQ ``model``: its power of two
     against its MinMax scale (``minmax``), channel by channel. Weights and the activations in
-    ``by_own_error`` (scale names) were chosen by their own values' error, the others rounded
-    up by range; a bias follows its input's and weight's scales and has no record."""
+    ``by_error`` (scale names) were chosen by their own values' error (a tensor in
+    ``softmax_inputs``: as its Softmax sees them); the others were rounded up by range. A
+    bias follows its input's and weight's scales and has no record."""
     initializers = {init.name: init for init in model.graph.initializer}
     records, seen = [], set()
     for node in model.graph.node:
@@ -70,10 +74,16 @@ def scale_choices(
                 channels_down=power.size - up,
                 channels_down_further=further,
                 log2_scale=None if weight else int(np.round(np.log2(power[0]))),
-                chosen_by=OWN_ERROR if weight or scale in by_own_error else RANGE,
+                chosen_by=_chosen_by(weight, scale in by_error, tensor in softmax_inputs),
             )
         )
     return records
+
+
+def _chosen_by(weight: bool, by_error: bool, softmax_input: bool) -> str:
+    if weight or (by_error and not softmax_input):
+        return OWN_ERROR
+    return SOFTMAX_VISIBLE_ERROR if by_error else RANGE
 
 
 def write_choices(model: onnx.ModelProto, records: list[schema.PowerOfTwoScale]) -> None:

@@ -2,11 +2,11 @@
 
 Each scale becomes, of the powers of two at and below its ceiling power of two
 (``power_of_two_candidates``), the one that quantizes the values it scales with the smallest
-squared error: the range search runs on the grid the file will have, not on MinMax scales rounded
-afterwards. A weight's own values, per channel, are re-quantized to its new scale; an
-activation's calibration values are summed over (``quant.ort_int8`` runs the fp32 model over them
-and adds each candidate's error, ``squared_error``); an int32 bias takes input scale x weight
-scale, the scale integer kernels assume for it.
+squared error (a Softmax's input: as the Softmax sees it, ``softmax_visible_error``): the range
+search runs on the grid the file will have, not on MinMax scales rounded afterwards. A weight's
+own values, per channel, are re-quantized to its new scale; an activation's calibration values
+are summed over (``quant.ort_int8`` runs the fp32 model over them and adds each candidate's
+error); an int32 bias takes input scale x weight scale, the scale integer kernels assume for it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from converters.attention_masks import MASK_PENALTY
 
 
 def power_of_two_ceil(scale: np.ndarray) -> np.ndarray:
@@ -72,6 +74,52 @@ def squared_error(
     error -= real
     np.square(error, out=error)
     return error.sum(axis=axes, keepdims=True, dtype=np.float64)
+
+
+# A Softmax input this far below its row's maximum weighs under e^-16 = 1.1e-7 of that row's
+# largest weight, under float32's resolution next to it: the Softmax cannot tell such values apart.
+SOFTMAX_FLOOR = 16.0
+# ... and it is a masked key's only at or below half the mask's penalty: a trained ViT's own scores
+# also reach 16 below their row's maximum, and counting that tail as free made its steps coarser
+# (hf-vit-mnist-un's tda4vm file, held-out logits' error 0.131 -> 0.161; with this bound 0.133,
+# measured once side by side)
+MASKED_AT_MOST = MASK_PENALTY / 2
+
+
+def softmax_visible_error(
+    real: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, dtype: np.dtype, axis: int
+) -> np.ndarray:
+    """``squared_error`` of a Softmax's input (over ``axis``) as the Softmax sees it: values
+    ``SOFTMAX_FLOOR`` or more below their row's maximum, and masked (at most
+    ``MASKED_AT_MOST``), count as equal. An attention mask's penalty (-30,
+    ``converters.attention_masks``) then no longer sets the scale: its own error would keep it in
+    range at a step coarse for the scores (BERT's 1/4), while clipping it to -16 changes nothing
+    the Softmax computes. Per tensor (an activation's scale), kept with size 1 on every axis like
+    ``squared_error``'s."""
+    work = real.astype(np.float32, copy=False)
+    scale, zero_point = np.float32(scale), np.float32(zero_point)
+    info = np.iinfo(dtype)
+    quantized = np.clip(np.round(work / scale) + zero_point, info.min, info.max)
+    unseen = work.max(axis=axis, keepdims=True) - np.float32(SOFTMAX_FLOOR)
+    floor = np.minimum(unseen, np.float32(MASKED_AT_MOST))
+    error = np.maximum((quantized - zero_point) * scale, floor) - np.maximum(work, floor)
+    return np.square(error, dtype=np.float64).sum(keepdims=True)
+
+
+def softmax_inputs(model: onnx.ModelProto) -> dict[str, int]:
+    """Tensor -> the axis of the Softmax that is its one reader, for each such tensor of
+    ``model`` (a float graph: its scales are judged by ``softmax_visible_error``)."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {output.name for output in model.graph.output}
+    found = {}
+    for name, nodes in readers.items():
+        if len(nodes) == 1 and nodes[0].op_type == "Softmax" and name not in outputs:
+            axis = next((a.i for a in nodes[0].attribute if a.name == "axis"), -1)
+            found[name] = axis
+    return found
 
 
 def best_power_of_two(

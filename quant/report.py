@@ -196,10 +196,12 @@ class PowerOfTwoScale(_Model):
     log2_scale: int | None = Field(
         description="an activation's scale, as a power of two; None for a weight (per channel)"
     )
-    chosen_by: Literal["own error", "range"] = Field(
+    chosen_by: Literal["own error", "softmax-visible error", "range"] = Field(
         description="own error: whichever candidate power of two quantizes the tensor's own "
-        "values (an activation's on the calibration data) with the least squared error; range: "
-        "rounded up (no calibration values reach it)"
+        "values (an activation's on the calibration data) with the least squared error; "
+        "softmax-visible error: the same for a Softmax's input, with masked values (-15 or less "
+        "and 16 or more below their row's maximum) counted as equal, as the Softmax cannot tell "
+        "them apart; range: rounded up (no calibration values reach it)"
     )
 
 

@@ -19,9 +19,12 @@ from quant.data import Samples, as_feeds
 from quant.ort_int8 import quantize_onnx
 from quant.pow2_record import recorded_choices, scale_choices
 from quant.pow2_scales import (
+    SOFTMAX_FLOOR,
     best_power_of_two,
     power_of_two_candidates,
     smallest_error,
+    softmax_inputs,
+    softmax_visible_error,
     squared_error,
 )
 from quant.targets import PROFILES, TargetProfile
@@ -141,3 +144,87 @@ def test_a_softmax_output_keeps_its_largest_probabilities(tmp_path: Path) -> Non
     assert chosen >= ceiling / 2
     (record,) = [r for r in recorded_choices(path) if r.tensor == "p"]
     assert record.channels_down_further == 0
+
+
+def _masked_attention(path: Path) -> tuple[Path, np.ndarray]:
+    """scores + mask -> Softmax -> p V, and 32 samples of unit-normal scores: the last 16 of 48
+    keys masked by converters.attention_masks' penalty, -30, which sets the Softmax input's
+    MinMax range."""
+    rng = np.random.default_rng(0)
+    mask = np.where(np.arange(48) < 32, 0.0, -30.0).astype(np.float32).reshape(1, 1, 1, 48)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["scores", "mask"], ["masked"]),
+            helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+            helper.make_node("MatMul", ["p", "v"], ["y"]),
+        ],
+        "masked_attention",
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", 4, 48, 48])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, 48, 8])],
+        [
+            numpy_helper.from_array(mask, "mask"),
+            numpy_helper.from_array(rng.standard_normal((48, 8)).astype(np.float32), "v"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(path))
+    return path, rng.standard_normal((32, 4, 48, 48)).astype(np.float32)
+
+
+def _softmax_error(real: np.ndarray, scale: np.ndarray) -> float:
+    """Squared error of the Softmax (last axis) of ``real`` quantized to s8 with ``scale``."""
+
+    def softmax(x: np.ndarray) -> np.ndarray:
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    quantized = np.clip(np.round(real / scale), -128, 127) * scale
+    return float(np.square(softmax(quantized) - softmax(real)).sum())
+
+
+def test_a_softmax_input_is_judged_as_the_softmax_sees_it(tmp_path: Path) -> None:
+    """Its own squared error keeps the mask's -30 in range, at a step coarse for the scores;
+    as the Softmax sees it (values 16 below their row's maximum count as equal), the step is
+    finer and the penalty clipped no further than the Softmax notices."""
+    fp32, scores = _masked_attention(tmp_path / "attention.onnx")
+    path = quantize_onnx(fp32, tmp_path / "tda4vm.onnx", PROFILES["tda4vm"],
+                         Samples(as_feeds(scores), None, "t"))  # fmt: skip
+    model = onnx.load(str(path))
+    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    (node,) = [
+        n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "masked"
+    ]
+    chosen = values[node.input[1]].astype(np.float64)
+    masked = scores + numpy_helper.to_array(onnx.load(str(fp32)).graph.initializer[0])
+    own = best_power_of_two(masked, np.asarray(np.abs(masked).max() / 127), ZERO, INT8, COUNT)
+    assert chosen < own
+    assert 128 * chosen >= SOFTMAX_FLOOR  # the penalty clipped to -16 or below
+    assert _softmax_error(masked, chosen) < _softmax_error(masked, own) / 2
+    visible = softmax_visible_error(masked, chosen, ZERO, INT8, -1)
+    assert visible < squared_error(masked, chosen, ZERO, INT8)  # the clipped penalty is free
+    (record,) = [r for r in recorded_choices(path) if r.tensor == "masked"]
+    assert record.chosen_by == "softmax-visible error"
+
+
+def test_unmasked_scores_are_judged_by_their_own_error() -> None:
+    """Scores 16 or more below their row's maximum but above the mask's level (a trained ViT's
+    tail) count as seen: the error as the Softmax sees it is the tensor's own."""
+    scores = 4 * np.random.default_rng(1).standard_normal((8, 48)).astype(np.float32)
+    scores[:, 0] = 6.0  # every row's maximum: its tail down to -14 is 16 or more below it
+    for scale in power_of_two_candidates(np.asarray(np.abs(scores).max() / 127), COUNT):
+        own = squared_error(scores, scale, ZERO, INT8)
+        assert np.allclose(softmax_visible_error(scores, scale, ZERO, INT8, -1), own)
+
+
+def test_only_a_tensor_that_a_softmax_alone_reads_is_a_softmax_input() -> None:
+    graph = helper.make_graph(
+        [
+            helper.make_node("Softmax", ["a"], ["pa"], axis=1),
+            helper.make_node("Softmax", ["b"], ["pb"]),
+            helper.make_node("Relu", ["b"], ["rb"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in "ab"],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("pa", "pb", "rb")],
+    )
+    assert softmax_inputs(helper.make_model(graph)) == {"a": 1}
