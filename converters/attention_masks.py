@@ -161,19 +161,38 @@ def _mask_like(
     return derived
 
 
+def masked_softmax_inputs(model: onnx.ModelProto) -> set[str]:
+    """The Softmax inputs an additive attention mask is added into, by tensor name: the Adds
+    ``bound_attention_masks`` finds its masks at (after it, the mask holds ``MASK_PENALTY``)."""
+    graph = model.graph
+    derived = _mask_like(graph, _integer_inputs(graph), _constant_names(graph))
+    producers = {out: node for node in graph.node for out in node.output}
+    return {add.output[0] for add, _ in _masked_adds(graph, derived, producers)}
+
+
 def _additive_masks(
     graph: onnx.GraphProto, derived: set[str], producers: dict[str, onnx.NodeProto]
 ) -> list[str]:
     """Mask tensors: an input-derived operand of an Add whose result a Softmax reads."""
-    softmax_inputs = {node.input[0] for node in graph.node if node.op_type == "Softmax"}
     masks: list[str] = []
-    for node in graph.node:
-        if node.op_type != "Add" or node.output[0] not in softmax_inputs:
-            continue
-        for operand in node.input:
-            if operand in derived and operand in producers and operand not in masks:
-                masks.append(operand)
+    for _, operand in _masked_adds(graph, derived, producers):
+        if operand not in masks:
+            masks.append(operand)
     return masks
+
+
+def _masked_adds(
+    graph: onnx.GraphProto, derived: set[str], producers: dict[str, onnx.NodeProto]
+) -> list[tuple[onnx.NodeProto, str]]:
+    """Each Add whose result a Softmax reads, with each of its input-derived operands."""
+    softmax_inputs = {node.input[0] for node in graph.node if node.op_type == "Softmax"}
+    return [
+        (node, operand)
+        for node in graph.node
+        if node.op_type == "Add" and node.output[0] in softmax_inputs
+        for operand in node.input
+        if operand in derived and operand in producers
+    ]
 
 
 def _ancestors(tensor: str, producers: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:

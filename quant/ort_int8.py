@@ -56,11 +56,11 @@ from .ort_rewrites import apply_ort_rewrites, ort_rewrites, shared_quantization
 from .pow2_record import scale_choices, scales_by_name, write_choices
 from .pow2_scales import (
     candidate_count,
+    masked_softmax_inputs,
     power_of_two_candidates,
     quantized_dtype,
     round_scales_to_power_of_two,
     smallest_error,
-    softmax_inputs,
     softmax_visible_error,
     squared_error,
     zero_point_of,
@@ -155,7 +155,7 @@ def quantize_onnx(
                 minmax = scales_by_name(quantized)
                 chosen = round_scales_to_power_of_two(quantized, scales, count)
                 records = scale_choices(quantized, minmax, chosen, set(scales),
-                                        softmax_inputs(reference))  # fmt: skip
+                                        masked_softmax_inputs(reference))  # fmt: skip
                 write_choices(quantized, records)
             apply_ort_rewrites(quantized, profile, load_tensors_data(shared.ranges))
             if profile.bias_correction:  # last: on the graph that ships, with its final scales
@@ -268,7 +268,7 @@ def calibration_pass(
     # a scale whose tensor is not a float tensor of the fp32 model is rounded up later
     sites = {scale: node for scale, node in sites.items() if node.input[0] in run.outputs}
     choosing = sorted({node.input[0] for node in sites.values()})
-    read_by_softmax = softmax_inputs(fp32)
+    read_by_softmax = masked_softmax_inputs(fp32)
     means_of = {name: site for name, site in means_of.items() if name in run.outputs}
     sums = ChannelSums()
     batch, pad = stream_batch(fp32), static_batch(fp32) is not None

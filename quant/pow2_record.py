@@ -2,8 +2,8 @@
 
 ``quant.pow2_scales.round_scales_to_power_of_two`` rounds every MinMax scale to the power of two
 just above it (no clipping, coarser steps) or to one below (finer steps, the tail clipped),
-whichever quantizes the tensor's own values with the least squared error (a Softmax's input: as
-the Softmax sees it). ``scale_choices``
+whichever quantizes the tensor's own values with the least squared error (a masked Softmax input:
+as the Softmax sees it). ``scale_choices``
 lists that choice tensor by tensor; ``write_choices`` stores the list in the file's
 ``metadata_props`` (``METADATA_KEY``, JSON; runtimes ignore it), so that it reaches the report
 through every later step (bias correction, the recipe ladder's copies) from the file that

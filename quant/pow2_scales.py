@@ -18,6 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from converters.attention_masks import MASK_PENALTY
+from converters.attention_masks import masked_softmax_inputs as attention_masked
 
 
 def power_of_two_ceil(scale: np.ndarray) -> np.ndarray:
@@ -79,19 +80,21 @@ def squared_error(
 # A Softmax input this far below its row's maximum weighs under e^-16 = 1.1e-7 of that row's
 # largest weight, under float32's resolution next to it: the Softmax cannot tell such values apart.
 SOFTMAX_FLOOR = 16.0
-# ... and it is a masked key's only at or below half the mask's penalty: a trained ViT's own scores
-# also reach 16 below their row's maximum, and counting that tail as free made its steps coarser
-# (hf-vit-mnist-un's tda4vm file, held-out logits' error 0.131 -> 0.161; with this bound 0.133,
-# measured once side by side)
-MASKED_AT_MOST = MASK_PENALTY / 2
+# ... and a value is a masked key's at or below half the mask's penalty, in a Softmax input that
+# a mask is added into (``masked_softmax_inputs``). A model's own scores also reach 16 below their
+# row's maximum, and counting those as free moved a ViT's steps away from what its logits wanted
+# (held-out logits' error of hf-vit-mnist-un's tda4vm file 0.131 -> 0.161 with neither bound,
+# 0.133 with this one; vit-mnist-un's 0.141 -> 0.158 with this one, 0.141 with both: measured
+# once side by side)
+MASK_LEVEL = MASK_PENALTY / 2
 
 
 def softmax_visible_error(
     real: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, dtype: np.dtype, axis: int
 ) -> np.ndarray:
     """``squared_error`` of a Softmax's input (over ``axis``) as the Softmax sees it: values
-    ``SOFTMAX_FLOOR`` or more below their row's maximum, and masked (at most
-    ``MASKED_AT_MOST``), count as equal. An attention mask's penalty (-30,
+    ``SOFTMAX_FLOOR`` or more below their row's maximum, and masked (at most ``MASK_LEVEL``),
+    count as equal. An attention mask's penalty (-30,
     ``converters.attention_masks``) then no longer sets the scale: its own error would keep it in
     range at a step coarse for the scores (BERT's 1/4), while clipping it to -16 changes nothing
     the Softmax computes. Per tensor (an activation's scale), kept with size 1 on every axis like
@@ -101,24 +104,26 @@ def softmax_visible_error(
     info = np.iinfo(dtype)
     quantized = np.clip(np.round(work / scale) + zero_point, info.min, info.max)
     unseen = work.max(axis=axis, keepdims=True) - np.float32(SOFTMAX_FLOOR)
-    floor = np.minimum(unseen, np.float32(MASKED_AT_MOST))
+    floor = np.minimum(unseen, np.float32(MASK_LEVEL))
     error = np.maximum((quantized - zero_point) * scale, floor) - np.maximum(work, floor)
     return np.square(error, dtype=np.float64).sum(keepdims=True)
 
 
-def softmax_inputs(model: onnx.ModelProto) -> dict[str, int]:
-    """Tensor -> the axis of the Softmax that is its one reader, for each such tensor of
-    ``model`` (a float graph: its scales are judged by ``softmax_visible_error``)."""
+def masked_softmax_inputs(model: onnx.ModelProto) -> dict[str, int]:
+    """Tensor -> the axis of its Softmax, for each tensor of the float graph ``model`` that a
+    Softmax alone reads and an attention mask was added into (``converters.attention_masks``):
+    the scales ``softmax_visible_error`` judges."""
+    masked = attention_masked(model)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
     outputs = {output.name for output in model.graph.output}
     found = {}
-    for name, nodes in readers.items():
-        if len(nodes) == 1 and nodes[0].op_type == "Softmax" and name not in outputs:
-            axis = next((a.i for a in nodes[0].attribute if a.name == "axis"), -1)
-            found[name] = axis
+    for name in masked - outputs:
+        nodes = readers.get(name, [])
+        if len(nodes) == 1 and nodes[0].op_type == "Softmax":
+            found[name] = next((a.i for a in nodes[0].attribute if a.name == "axis"), -1)
     return found
 
 

@@ -199,9 +199,10 @@ class PowerOfTwoScale(_Model):
     chosen_by: Literal["own error", "softmax-visible error", "range"] = Field(
         description="own error: whichever candidate power of two quantizes the tensor's own "
         "values (an activation's on the calibration data) with the least squared error; "
-        "softmax-visible error: the same for a Softmax's input, with masked values (-15 or less "
-        "and 16 or more below their row's maximum) counted as equal, as the Softmax cannot tell "
-        "them apart; range: rounded up (no calibration values reach it)"
+        "softmax-visible error: the same for a Softmax's input that an attention mask is added "
+        "into, with masked values (-15 or less and 16 or more below their row's maximum) counted "
+        "as equal, as the Softmax cannot tell them apart; range: rounded up (no calibration "
+        "values reach it)"
     )
 
 

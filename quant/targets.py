@@ -172,9 +172,10 @@ class TargetProfile:
                 "every scale a power of two: of the ceiling of its MinMax scale and the "
                 f"{self.power_of_two_candidates - 1} below it (a Softmax, Sigmoid or Tanh "
                 "output: the two around it), the one that quantizes its calibration values (a "
-                "weight channel: its own) with the least squared error (a Softmax's input: "
-                "masked values, -15 or less and 16 or more below their row's maximum, count as "
-                "equal, as the Softmax cannot tell them apart)"
+                "weight channel: its own) with the least squared error (a Softmax's input that "
+                "an attention mask is added into: masked values, -15 or less and 16 or more "
+                "below their row's maximum, count as equal, as the Softmax cannot tell them "
+                "apart)"
             )
         if self.bias_correction:
             rules.append(

@@ -15,15 +15,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from converters.attention_masks import MASK_PENALTY
 from quant.data import Samples, as_feeds
 from quant.ort_int8 import quantize_onnx
 from quant.pow2_record import recorded_choices, scale_choices
 from quant.pow2_scales import (
     SOFTMAX_FLOOR,
     best_power_of_two,
+    masked_softmax_inputs,
     power_of_two_candidates,
     smallest_error,
-    softmax_inputs,
     softmax_visible_error,
     squared_error,
 )
@@ -146,29 +147,49 @@ def test_a_softmax_output_keeps_its_largest_probabilities(tmp_path: Path) -> Non
     assert record.channels_down_further == 0
 
 
-def _masked_attention(path: Path) -> tuple[Path, np.ndarray]:
-    """scores + mask -> Softmax -> p V, and 32 samples of unit-normal scores: the last 16 of 48
-    keys masked by converters.attention_masks' penalty, -30, which sets the Softmax input's
-    MinMax range."""
+def _padding_mask(ids: str, name: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """Where(ids == 0, -30, 0): the additive mask converters.attention_masks leaves in a model
+    (made from an integer input and scalars); its nodes and constants."""
+    nodes = [
+        helper.make_node("Equal", [ids, f"{name}_zero_id"], [f"{name}_padding"]),
+        helper.make_node("Where", [f"{name}_padding", f"{name}_penalty", f"{name}_zero"], [name]),
+    ]
+    constants = [
+        numpy_helper.from_array(np.array(0, np.int64), f"{name}_zero_id"),
+        numpy_helper.from_array(np.array(MASK_PENALTY, np.float32), f"{name}_penalty"),
+        numpy_helper.from_array(np.array(0.0, np.float32), f"{name}_zero"),
+    ]
+    return nodes, constants
+
+
+def _masked_attention(path: Path) -> tuple[Path, Samples]:
+    """scores + mask -> Softmax -> p V, and 32 samples of unit-normal scores with the last 16 of
+    48 keys padding, masked by -30, which sets the Softmax input's MinMax range."""
     rng = np.random.default_rng(0)
-    mask = np.where(np.arange(48) < 32, 0.0, -30.0).astype(np.float32).reshape(1, 1, 1, 48)
+    mask, constants = _padding_mask("ids", "mask")
     graph = helper.make_graph(
         [
+            *mask,
             helper.make_node("Add", ["scores", "mask"], ["masked"]),
             helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
             helper.make_node("MatMul", ["p", "v"], ["y"]),
         ],
         "masked_attention",
-        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", 4, 48, 48])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, 48, 8])],
         [
-            numpy_helper.from_array(mask, "mask"),
-            numpy_helper.from_array(rng.standard_normal((48, 8)).astype(np.float32), "v"),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", 4, 48, 48]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["n", 1, 1, 48]),
         ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, 48, 8])],
+        [*constants, numpy_helper.from_array(rng.standard_normal((48, 8)).astype(np.float32), "v")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.save(model, str(path))
-    return path, rng.standard_normal((32, 4, 48, 48)).astype(np.float32)
+    ids = np.where(np.arange(48) < 32, 7, 0).astype(np.int64).reshape(1, 1, 1, 48)
+    feeds = {
+        "scores": rng.standard_normal((32, 4, 48, 48)).astype(np.float32),
+        "ids": np.repeat(ids, 32, axis=0),
+    }
+    return path, Samples(feeds, None, "t")
 
 
 def _softmax_error(real: np.ndarray, scale: np.ndarray) -> float:
@@ -186,16 +207,15 @@ def test_a_softmax_input_is_judged_as_the_softmax_sees_it(tmp_path: Path) -> Non
     """Its own squared error keeps the mask's -30 in range, at a step coarse for the scores;
     as the Softmax sees it (values 16 below their row's maximum count as equal), the step is
     finer and the penalty clipped no further than the Softmax notices."""
-    fp32, scores = _masked_attention(tmp_path / "attention.onnx")
-    path = quantize_onnx(fp32, tmp_path / "tda4vm.onnx", PROFILES["tda4vm"],
-                         Samples(as_feeds(scores), None, "t"))  # fmt: skip
+    fp32, calibration = _masked_attention(tmp_path / "attention.onnx")
+    path = quantize_onnx(fp32, tmp_path / "tda4vm.onnx", PROFILES["tda4vm"], calibration)
     model = onnx.load(str(path))
     values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     (node,) = [
         n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "masked"
     ]
     chosen = values[node.input[1]].astype(np.float64)
-    masked = scores + numpy_helper.to_array(onnx.load(str(fp32)).graph.initializer[0])
+    masked = calibration.feeds["scores"] + np.where(calibration.feeds["ids"] == 0, MASK_PENALTY, 0)
     own = best_power_of_two(masked, np.asarray(np.abs(masked).max() / 127), ZERO, INT8, COUNT)
     assert chosen < own
     assert 128 * chosen >= SOFTMAX_FLOOR  # the penalty clipped to -16 or below
@@ -216,15 +236,29 @@ def test_unmasked_scores_are_judged_by_their_own_error() -> None:
         assert np.allclose(softmax_visible_error(scores, scale, ZERO, INT8, -1), own)
 
 
-def test_only_a_tensor_that_a_softmax_alone_reads_is_a_softmax_input() -> None:
+def test_the_rule_takes_a_masked_softmax_input_that_the_softmax_alone_reads() -> None:
+    """a: masked, read by its Softmax alone; b: masked, read by a Relu too; c: no mask (a ViT's
+    scores, judged by their own error)."""
+    mask, constants = _padding_mask("ids", "mask")
     graph = helper.make_graph(
         [
-            helper.make_node("Softmax", ["a"], ["pa"], axis=1),
-            helper.make_node("Softmax", ["b"], ["pb"]),
-            helper.make_node("Relu", ["b"], ["rb"]),
+            *mask,
+            helper.make_node("Add", ["a", "mask"], ["a_masked"]),
+            helper.make_node("Softmax", ["a_masked"], ["pa"], axis=1),
+            helper.make_node("Add", ["b", "mask"], ["b_masked"]),
+            helper.make_node("Softmax", ["b_masked"], ["pb"]),
+            helper.make_node("Relu", ["b_masked"], ["rb"]),
+            helper.make_node("Softmax", ["c"], ["pc"]),
         ],
         "g",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in "ab"],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("pa", "pb", "rb")],
+        [
+            *(helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in "abc"),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3]),
+        ],
+        [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3])
+            for n in ("pa", "pb", "rb", "pc")
+        ],
+        constants,
     )
-    assert softmax_inputs(helper.make_model(graph)) == {"a": 1}
+    assert masked_softmax_inputs(helper.make_model(graph)) == {"a_masked": 1}
