@@ -2,11 +2,12 @@
 
 Each scale becomes, of the powers of two at and below its ceiling power of two
 (``power_of_two_candidates``), the one that quantizes the values it scales with the smallest
-squared error (a Softmax's input: as the Softmax sees it, ``softmax_visible_error``): the range
-search runs on the grid the file will have, not on MinMax scales rounded afterwards. A weight's
-own values, per channel, are re-quantized to its new scale; an activation's calibration values
-are summed over (``quant.ort_int8`` runs the fp32 model over them and adds each candidate's
-error); an int32 bias takes input scale x weight scale, the scale integer kernels assume for it.
+squared error (a masked Softmax input: as the Softmax sees it, ``softmax_visible_error``): the
+range search runs on the grid the file will have, not on MinMax scales rounded afterwards. A
+weight's own values, per channel, are re-quantized to its new scale; an activation's calibration
+values are summed over (``quant.ort_int8`` runs the fp32 model over them and adds each
+candidate's error); an int32 bias takes input scale x weight scale, the scale integer kernels
+assume for it.
 """
 
 from __future__ import annotations
@@ -94,11 +95,10 @@ def softmax_visible_error(
 ) -> np.ndarray:
     """``squared_error`` of a Softmax's input (over ``axis``) as the Softmax sees it: values
     ``SOFTMAX_FLOOR`` or more below their row's maximum, and masked (at most ``MASK_LEVEL``),
-    count as equal. An attention mask's penalty (-30,
-    ``converters.attention_masks``) then no longer sets the scale: its own error would keep it in
-    range at a step coarse for the scores (BERT's 1/4), while clipping it to -16 changes nothing
-    the Softmax computes. Per tensor (an activation's scale), kept with size 1 on every axis like
-    ``squared_error``'s."""
+    count as equal. An attention mask's penalty (-30, ``converters.attention_masks``) then no
+    longer sets the scale: its own error would keep it in range at a step coarse for the scores
+    (BERT's 1/4), while clipping it to -16 changes nothing the Softmax computes. Per tensor (an
+    activation's scale), kept with size 1 on every axis like ``squared_error``'s."""
     work = real.astype(np.float32, copy=False)
     scale, zero_point = np.float32(scale), np.float32(zero_point)
     info = np.iinfo(dtype)
