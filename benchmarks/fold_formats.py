@@ -33,8 +33,9 @@ import edge_un
 from benchmarks.results_main import benchmark_main, save_figure
 from converters.pipeline import load_and_fold
 from edge_un import examples
-from quant.data import InputSpec, checkpoint_samples
+from quant.data import checkpoint_samples
 from quant.pipeline import convert
+from quant.prepare import input_specs
 from quant.targets import TARGET_NAMES
 
 NAME = "fold_formats"
@@ -48,10 +49,7 @@ def sources(name: str, scratch: Path) -> tuple[dict[str, Path], Path, Path]:
     native = examples.path(name)
     folded = load_and_fold(native)
     names = folded.input_names
-    specs = [
-        InputSpec(n, tuple(e.shape[1:]), str(e.numpy().dtype))
-        for n, e in zip(names, folded.example, strict=True)
-    ]
+    specs = input_specs(folded)
     calibration = checkpoint_samples(folded.info, "train", CALIBRATION, specs)
     evaluation = checkpoint_samples(folded.info, "test", specs=specs)
     np.savez(scratch / "calib.npz", **calibration.feeds)

@@ -148,14 +148,15 @@ def quantize_onnx(
                 # MinMax scales first: they give each activation its power-of-two candidates;
                 # the same fp32 pass takes the means bias correction measures against
                 count = profile.power_of_two_candidates
+                softmax_axes = masked_softmax_inputs(reference)
                 scales, fp32_means = calibration_pass(
-                    quantized, reference, prepared, calibration, Path(scratch), means_of, count
-                )
+                    quantized, reference, prepared, calibration, Path(scratch), means_of, count,
+                    softmax_axes,
+                )  # fmt: skip
                 shared.fp32_means.update(fp32_means)
                 minmax = scales_by_name(quantized)
                 chosen = round_scales_to_power_of_two(quantized, scales, count)
-                records = scale_choices(quantized, minmax, chosen, set(scales),
-                                        masked_softmax_inputs(reference))  # fmt: skip
+                records = scale_choices(quantized, minmax, chosen, set(scales), softmax_axes)
                 write_choices(quantized, records)
             apply_ort_rewrites(quantized, profile, load_tensors_data(shared.ranges))
             if profile.bias_correction:  # last: on the graph that ships, with its final scales
@@ -237,12 +238,15 @@ def calibration_pass(
     scratch: Path,
     means_of: Mapping[str, tuple[int, int]],
     candidates_per_scale: int,
+    softmax_axes: Mapping[str, int],
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """One pass of the fp32 model ``fp32`` (saved at ``fp32_path``) over ``calibration``:
 
     - scale name -> its best power of two of ``candidates_per_scale``, for each activation
       QuantizeLinear of ``quantized`` (by error, not only by range), judged on the first
-      ``POWER_OF_TWO_SAMPLES`` samples (to the end of the batch holding the last of them);
+      ``POWER_OF_TWO_SAMPLES`` samples (to the end of the batch holding the last of them), a
+      tensor in ``softmax_axes`` (a masked Softmax input -> its Softmax's axis,
+      ``quant.pow2_scales.masked_softmax_inputs``) as its Softmax sees it;
     - tensor -> its channel means over every sample, for each of ``means_of`` (the tensors bias
       correction measures against, ``quant.bias_correction.mean_sites``).
 
@@ -268,7 +272,6 @@ def calibration_pass(
     # a scale whose tensor is not a float tensor of the fp32 model is rounded up later
     sites = {scale: node for scale, node in sites.items() if node.input[0] in run.outputs}
     choosing = sorted({node.input[0] for node in sites.values()})
-    read_by_softmax = masked_softmax_inputs(fp32)
     means_of = {name: site for name, site in means_of.items() if name in run.outputs}
     sums = ChannelSums()
     batch, pad = stream_batch(fp32), static_batch(fp32) is not None
@@ -284,8 +287,8 @@ def calibration_pass(
             real = values[node.input[0]]
             zero_point = zero_point_of(node, initializers)
             dtype = quantized_dtype(node, initializers)
-            if node.input[0] in read_by_softmax:
-                axis = read_by_softmax[node.input[0]]
+            if node.input[0] in softmax_axes:
+                axis = softmax_axes[node.input[0]]
                 batch_errors = [softmax_visible_error(real, c, zero_point, dtype, axis)
                                 for c in candidates[scale]]  # fmt: skip
             else:

@@ -249,7 +249,7 @@ def test_the_power_of_two_pass_hands_bias_correction_the_means_it_would_take(
     sites = mean_sites(quantized, fp32_tensors(prepared))
     assert len(sites) == 2  # both Linears, fused into Gemm by ORT's pre-processing
     _, handed = ort_int8.calibration_pass(
-        quantized, prepared, prepared_path, calibration, tmp_path, sites, 2
+        quantized, prepared, prepared_path, calibration, tmp_path, sites, 2, {}
     )
     own = channel_means(prepared, {name: axis for name, (axis, _) in sites.items()}, calibration)
     assert handed.keys() == own.keys()
