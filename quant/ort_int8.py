@@ -56,6 +56,7 @@ from .ort_rewrites import apply_ort_rewrites, ort_rewrites, shared_quantization
 from .pow2_record import scale_choices, scales_by_name, write_choices
 from .pow2_scales import (
     candidate_count,
+    fp32_constants,
     masked_softmax_inputs,
     power_of_two_candidates,
     quantized_dtype,
@@ -155,7 +156,8 @@ def quantize_onnx(
                 )  # fmt: skip
                 shared.fp32_means.update(fp32_means)
                 minmax = scales_by_name(quantized)
-                chosen = round_scales_to_power_of_two(quantized, scales, count)
+                originals = fp32_constants(quantized, reference)
+                chosen = round_scales_to_power_of_two(quantized, scales, count, originals)
                 records = scale_choices(quantized, minmax, chosen, set(scales), softmax_axes)
                 write_choices(quantized, records)
             apply_ort_rewrites(quantized, profile, load_tensors_data(shared.ranges))

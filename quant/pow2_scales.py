@@ -4,7 +4,8 @@ Each scale becomes, of the powers of two at and below its ceiling power of two
 (``power_of_two_candidates``), the one that quantizes the values it scales with the smallest
 squared error (a masked Softmax input: as the Softmax sees it, ``softmax_visible_error``): the
 range search runs on the grid the file will have, not on MinMax scales rounded afterwards. A
-weight's own values, per channel, are re-quantized to its new scale; an activation's calibration
+weight's own values, per channel, are quantized to its new scale from the fp32 values (not
+rounded again from ORT's int8 copy, ``fp32_constants``); an activation's calibration
 values are summed over (``quant.ort_int8`` runs the fp32 model over them and adds each
 candidate's error); an int32 bias takes input scale x weight scale, the scale integer kernels
 assume for it.
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from onnxruntime.quantization.quant_utils import TENSOR_NAME_QUANT_SUFFIX
 
 from converters.attention_masks import MASK_PENALTY
 from converters.attention_masks import masked_softmax_inputs as attention_masked
@@ -155,7 +157,10 @@ def smallest_error(candidates: Sequence[np.ndarray], errors: Sequence[np.ndarray
 
 
 def round_scales_to_power_of_two(
-    model: onnx.ModelProto, activation_scales: Mapping[str, np.ndarray], count: int
+    model: onnx.ModelProto,
+    activation_scales: Mapping[str, np.ndarray],
+    count: int,
+    originals: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Every Quantize/DequantizeLinear scale -> a power of two, in place.
 
@@ -165,8 +170,11 @@ def round_scales_to_power_of_two(
     ``calibration_pass``), or rounds up when it has none (nothing clips); an int32 bias takes
     input scale x weight scale, the scale integer kernels assume for it, and is re-quantized to
     that (one that no Conv/Gemm adds, a LayerNormalization's, picks its own best of ``count``).
-    Returns every scale's new value, by scale name.
+    Every constant is judged and re-quantized on its fp32 values where ``originals`` has them
+    (quantized initializer -> the values it was quantized from, ``fp32_constants``), else on the
+    int8 copy's. Returns every scale's new value, by scale name.
     """
+    originals = originals or {}
     initializers = {init.name: init for init in model.graph.initializer}
     qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
     constant = [n for n in qdq if n.op_type == "DequantizeLinear" and n.input[0] in initializers]
@@ -174,7 +182,8 @@ def round_scales_to_power_of_two(
     chosen: dict[str, np.ndarray] = {}
     for node in constant:
         if not is_bias[node.input[0]] and node.input[1] not in chosen:
-            chosen[node.input[1]] = _requantize(node, initializers, None, count)
+            real = originals.get(node.input[0])
+            chosen[node.input[1]] = _requantize(node, initializers, None, count, real)
     for node in qdq:
         scale_name = node.input[1]
         if node.op_type != "QuantizeLinear" or scale_name in chosen:
@@ -188,7 +197,8 @@ def round_scales_to_power_of_two(
     for node in constant:
         if is_bias[node.input[0]] and node.input[1] not in chosen:
             new = bias_scales.get(node.output[0])
-            chosen[node.input[1]] = _requantize(node, initializers, new, count)
+            real = originals.get(node.input[0])
+            chosen[node.input[1]] = _requantize(node, initializers, new, count, real)
     for node in qdq:  # any scale left: round up
         if node.input[1] not in chosen:
             old = numpy_helper.to_array(initializers[node.input[1]]).astype(np.float64)
@@ -200,6 +210,28 @@ def round_scales_to_power_of_two(
     return chosen
 
 
+def fp32_constants(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Quantized initializer -> the fp32 values it was quantized from, for each constant of the
+    QDQ ``quantized`` that ``fp32`` (the graph ORT's quantizer was given) holds, with its
+    shape, under the name the quantizer derives it from (its ``TENSOR_NAME_QUANT_SUFFIX``).
+
+    What ``round_scales_to_power_of_two`` re-quantizes from: the int8 copy is already rounded
+    to its MinMax scale's grid, and rounding it again to a power of two adds up to half a new
+    step more (an error variance of (s_minmax^2 + s^2) / 12 instead of s^2 / 12 where the two
+    grids do not line up). From the fp32 values, the held-out logits' error of every bundled UN
+    example's tda4vm file fell (hf-bert-rt-un 0.00073 -> 0.00070, vit-mnist-un 0.141 -> 0.135;
+    benchmarks/results/tda4vm_streams.md)."""
+    originals = {init.name: init for init in fp32.graph.initializer}
+    found = {}
+    for init in quantized.graph.initializer:
+        if not init.name.endswith(TENSOR_NAME_QUANT_SUFFIX):
+            continue
+        original = originals.get(init.name.removesuffix(TENSOR_NAME_QUANT_SUFFIX))
+        if original is not None and list(original.dims) == list(init.dims):
+            found[init.name] = numpy_helper.to_array(original)
+    return found
+
+
 def _dtype_of(tensor: onnx.TensorProto) -> np.dtype:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
 
@@ -209,17 +241,20 @@ def _requantize(
     initializers: dict[str, onnx.TensorProto],
     new: np.ndarray | None,
     count: int,
+    real: np.ndarray | None = None,
 ) -> np.ndarray:
     """Re-quantize a DequantizeLinear's constant data to ``new`` (or to its best power of two of
-    ``count``) so that it dequantizes to the same real values; returns the new scale, shaped like
-    the old."""
+    ``count``): from ``real``, the values it was quantized from, where given, else from the
+    data itself (rounded twice); returns the new scale, shaped like the old."""
     data, scale_name = node.input[0], node.input[1]
     values = numpy_helper.to_array(initializers[data])
     axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
     zero_point = _broadcast(zero_point_of(node, initializers), values.ndim, axis)
     old_scale = numpy_helper.to_array(initializers[scale_name])
     old = _broadcast(old_scale, values.ndim, axis)
-    real = (values.astype(np.float64) - zero_point) * old
+    if real is None:
+        real = (values.astype(np.float64) - zero_point) * old
+    real = real.astype(np.float64)
     if new is None:
         new = best_power_of_two(real, old, zero_point, values.dtype, count)
     else:

@@ -17,11 +17,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from converters.attention_masks import MASK_PENALTY
 from quant.data import Samples, as_feeds
-from quant.ort_int8 import quantize_onnx
+from quant.ort_int8 import prepare_for_quantization, quantize_onnx
 from quant.pow2_record import recorded_choices, scale_choices
 from quant.pow2_scales import (
     SOFTMAX_FLOOR,
     best_power_of_two,
+    fp32_constants,
     masked_softmax_inputs,
     power_of_two_candidates,
     smallest_error,
@@ -262,3 +263,72 @@ def test_the_rule_takes_a_masked_softmax_input_that_the_softmax_alone_reads() ->
         constants,
     )
     assert masked_softmax_inputs(helper.make_model(graph)) == {"a_masked": 1}
+
+
+def _linear(path: Path) -> tuple[Path, np.ndarray, Samples]:
+    """x @ w + b (ORT's pre-processing makes it a Gemm), with weights whose MinMax scales fall
+    between powers of two, and 32 calibration samples."""
+    rng = np.random.default_rng(3)
+    weight = (rng.standard_normal((64, 32)) / 8).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("Add", ["h", "b"], ["y"]),
+        ],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 32])],
+        [
+            numpy_helper.from_array(weight, "w"),
+            numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "b"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, str(path))
+    samples = Samples({"x": rng.standard_normal((32, 64)).astype(np.float32)}, None, "t")
+    return path, weight, samples
+
+
+def _weight_of(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 weight of the file's one Linear, and its scale shaped to divide it."""
+    model = onnx.load(str(path))
+    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    (node,) = [
+        n
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear" and values.get(n.input[0], np.int32(0)).dtype == INT8
+    ]
+    data, scale = values[node.input[0]], values[node.input[1]].astype(np.float64)
+    axis = next(a.i for a in node.attribute if a.name == "axis")
+    return data, scale.reshape([-1 if i == axis else 1 for i in range(data.ndim)])
+
+
+def test_a_weight_is_quantized_to_its_power_of_two_from_its_fp32_values(tmp_path: Path) -> None:
+    """Once, from the fp32 weights, not again from the int8 copy ORT's quantizer rounded to the
+    MinMax scale's grid: that would add up to half a new step to a sixth of the weights here."""
+    fp32, weight, calibration = _linear(tmp_path / "linear.onnx")
+    tda4vm = PROFILES["tda4vm"]
+    data, scale = _weight_of(quantize_onnx(fp32, tmp_path / "tda4vm.onnx", tda4vm, calibration))
+    assert np.all(np.log2(scale) == np.round(np.log2(scale)))  # powers of two
+    once = np.clip(np.round(weight / scale), -128, 127)
+    np.testing.assert_array_equal(data, once)
+
+    minmax_profile = replace(tda4vm, power_of_two_scales=False, bias_correction=False)
+    minmax_data, minmax_scale = _weight_of(
+        quantize_onnx(fp32, tmp_path / "minmax.onnx", minmax_profile, calibration)
+    )
+    twice = np.clip(np.round(minmax_data * minmax_scale / scale), -128, 127)
+    assert np.mean(twice != once) > 0.1  # what rounding the int8 copy again would have made
+
+
+def test_the_fp32_values_are_found_for_constants_only(tmp_path: Path) -> None:
+    """The weight and the bias by ORT's naming of their quantized copies; no activation."""
+    fp32, weight, calibration = _linear(tmp_path / "linear.onnx")
+    minmax_profile = replace(PROFILES["tda4vm"], power_of_two_scales=False, bias_correction=False)
+    quantized = onnx.load(
+        str(quantize_onnx(fp32, tmp_path / "q.onnx", minmax_profile, calibration))
+    )
+    prepared = onnx.load(str(prepare_for_quantization(fp32, minmax_profile, tmp_path)))
+    found = fp32_constants(quantized, prepared)
+    assert sorted(found) == ["b_quantized", "w_quantized"]
+    np.testing.assert_array_equal(found["w_quantized"], weight)
