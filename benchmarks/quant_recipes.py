@@ -31,6 +31,7 @@ from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
 from quant.data import checkpoint_samples
 from quant.drift import measure_drift, onnx_runner, tensor_sqnr
+from quant.host import describe_host
 from quant.ort_int8 import SamplesReader, quantize_onnx
 from quant.pow2_grid import align_streams
 from quant.pow2_record import recorded_choices
@@ -166,18 +167,20 @@ def sensitivity_scan(name, fp32, profile, calibration, evaluation, reference, er
     return rows
 
 
-def write_markdown(rows: list[dict]) -> str:
+def write_markdown(rows: list[dict], host: str) -> str:
     scan = sorted((r for r in rows if r["recipe"].startswith("sensitivity")),
                   key=lambda r: -r["agreement"])  # fmt: skip
     lines = [
         "# int8 recipes on the bundled examples (ONNX Runtime QDQ, per-channel s8 weights)",
         "",
-        "Made by `python -m benchmarks.quant_recipes`. Agreement = top-1 agreement with the fp32",
-        "folded model on the held-out test split (ViT: 1000 samples, text: 2562); drop in points.",
+        f"Made by `python -m benchmarks.quant_recipes` on {host}. Agreement = top-1 agreement",
+        "with the fp32 folded model on the held-out test split (ViT: 1000 samples, text: 2562);",
+        "drop in points.",
         f"The sensitivity scan put each of the {len(scan)} activations of vit-mnist-un alone in",
         "int16 (the rest s8); its 10 best rows are listed last (all of them in the JSON).",
         "The tda4vm rows are measured in the file's exact arithmetic (`onnx_runner(exact=True)`,",
-        "what TIDL computes), the others on this host's ONNX Runtime int8 kernels.",
+        "what TIDL computes), the others on this host's ONNX Runtime int8 kernels (on x86",
+        "without VNNI its u8s8 kernels saturate: `shared/docs/targets-and-toolchain.md`).",
         "",
         "Power-of-two scales (tda4vm rows): rounded up / down (of those, two powers of two or",
         "more down), activations; weight channels.",
@@ -210,7 +213,7 @@ def main() -> None:
             rows += run_model(name, Path(scratch))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "quant_recipes.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (RESULTS / "quant_recipes.md").write_text(write_markdown(rows))
+    (RESULTS / "quant_recipes.md").write_text(write_markdown(rows, describe_host().label()))
     print(f"wrote {RESULTS / 'quant_recipes.md'}")
 
 
