@@ -43,6 +43,7 @@ import edge_un
 from benchmarks.results_main import RESULTS, benchmark_main, git_commit, save_figure
 from edge_un import examples
 from quant.host import describe_host
+from quant.pow2_grid import NOT_SEARCHED
 from quant.report import REPORT_FILE, Report, TargetReport, power_of_two_counts
 from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TARGET_NAMES
 
@@ -154,6 +155,9 @@ def target_figures(target: TargetReport) -> dict[str, Any]:
         "power_of_two": power_of_two_counts(target.power_of_two_scales)
         if target.power_of_two_scales
         else None,
+        # tda4vm's residual stream factors (quant.pow2_grid), and why a search did not run
+        "stream_factors": [found.model_dump() for found in target.stream_factors],
+        "warnings": target.warnings,
     }
 
 
@@ -245,10 +249,12 @@ def _power_of_two_lines(results: dict[str, Any]) -> list[str]:
         f"tda4vm's power-of-two scales at {results.get('commit', '?')} (quant.pow2_scales: each "
         "scale the power of two, of the ceiling of its MinMax scale and the ones below it, that "
         "quantizes its calibration values, or a weight channel its own, with the least squared "
-        "error): rounded up / down (of those, two or more powers of two down).",
+        "error): rounded up / down (of those, two or more powers of two down); the residual "
+        "streams' factors (quant.pow2_grid: the search's logits MSE at 1 -> at the factor).",
         "",
-        "| model | seed | activations | weight channels | tda4vm pure int8 | previous run |",
-        "|---|---|---|---|---|---|",
+        "| model | seed | activations | weight channels | stream factors | tda4vm pure int8 | "
+        "previous run |",
+        "|---|---|---|---|---|---|---|",
     ]
     for model, seed, run in runs:
         tda4vm, previous = run["targets"]["tda4vm"], run.get("previous")
@@ -260,9 +266,21 @@ def _power_of_two_lines(results: dict[str, Any]) -> list[str]:
         before = "-"
         if previous is not None:
             before = f"{_drift_cell(previous['tda4vm'])} (committed in {previous['committed_in']})"
-        lines.append(f"| {model} | {seed} | {' | '.join(cells)} | {_drift_cell(tda4vm)} | "
-                     f"{before} |")  # fmt: skip
+        lines.append(f"| {model} | {seed} | {' | '.join(cells)} | {_streams_cell(tda4vm)} | "
+                     f"{_drift_cell(tda4vm)} | {before} |")  # fmt: skip
     return lines
+
+
+def _streams_cell(target: dict[str, Any]) -> str:
+    """Each stream's factor and the search's logits error at 1 -> at it, or why none ran."""
+    if "stream_factors" not in target:  # a run committed before the factors were recorded
+        return "?"
+    factors = [
+        f"{found['factor']:.3f} ({found['logits_mse_at_one']:.3g} -> {found['logits_mse']:.3g})"
+        for found in target["stream_factors"]
+    ]
+    stopped = [w for w in target["warnings"] if w.startswith(NOT_SEARCHED)]
+    return ", ".join(factors + stopped) or "-"
 
 
 def _drift_cell(target: dict[str, Any]) -> str:

@@ -15,10 +15,11 @@ near the 0.127 of the same file with unrounded scales (measured once, not a benc
 
 Streams are searched one after another (each with the factors already chosen for the ones
 before). A model over ``MAX_SEARCH_WEIGHTS`` is not searched (each candidate is a whole
-quantization; BERT-base's takes ~1.5 min); the search stops after its first candidate when
-all of them would take over ``SEARCH_BUDGET_S``, and before any candidate that the job's
-deadline would not leave time for. The factors found so far are kept, and the report says why
-it stopped.
+quantization; BERT-base's takes ~1.5 min), nor one whose candidates would compute over
+``MAX_SEARCH_MULTIPLY_ADDS`` (samples times multiply-adds a sample, summed over candidates:
+work, not seconds, so a busy host decides as a quiet one does); the search stops before any
+candidate that the job's deadline would not leave time for. The factors found so far are kept,
+and the report says why it stopped.
 """
 
 from __future__ import annotations
@@ -35,15 +36,18 @@ import onnx
 from .data import Samples
 from .deadline import NO_DEADLINE, Deadline
 from .drift import onnx_runner
+from .multiply_adds import multiply_adds_per_sample
 from .residual_streams import ResidualStream, find_streams, scale_stream
 
 FACTORS = tuple(2 ** (step / 8) for step in range(8))  # one octave: the grid repeats after it
 SEARCH_SAMPLES = 256  # calibration samples each candidate is judged on (all, by default)
 SIGNIFICANCE = 2.0  # standard errors a factor's gain over 1 must exceed to be kept
 MAX_SEARCH_WEIGHTS = 20_000_000  # float weights; above, the search would outlast the build
-# The whole search's time, judged after its first candidate: a model small in weights but
-# large in compute (a ViT at 224 x 224) stops there rather than spend minutes a factor.
-SEARCH_BUDGET_S = 180.0
+# The whole search's arithmetic (candidates x samples x multiply-adds a sample): a model small
+# in weights but large in compute (a ViT at 224 x 224) is not searched rather than spend minutes
+# a factor. Measured on a 2-core zen2 host: ~2 s a candidate per 1e9 (the bundled vit-mnist-un:
+# 7.7 M a sample, 256 samples, 8 candidates: 1.6e10, ~30 s); 1e11 is ~3.5 min there.
+MAX_SEARCH_MULTIPLY_ADDS = 100e9
 
 NOT_SEARCHED = "residual streams not (all) moved onto the power-of-two grid"
 
@@ -93,6 +97,12 @@ def align_streams(
                               f"{MAX_SEARCH_WEIGHTS / 1e6:.0f} M; each factor is a whole "
                               "quantization)")  # fmt: skip
     search = samples.head(SEARCH_SAMPLES)
+    candidates = len(streams) * len(FACTORS)
+    work = candidates * len(search) * multiply_adds_per_sample(model)
+    if work > MAX_SEARCH_MULTIPLY_ADDS:
+        return GridSearch((), f"{NOT_SEARCHED}: {candidates} candidates of {len(search)} samples "
+                              f"would compute {work:.1e} multiply-adds (searched up to "
+                              f"{MAX_SEARCH_MULTIPLY_ADDS:.0e})")  # fmt: skip
     with tempfile.TemporaryDirectory() as scratch:
         error = _LogitsError(model, quantize, search, onnx_runner(fp32_path)(search.feeds),
                              Path(scratch))  # fmt: skip
@@ -107,15 +117,10 @@ def align_streams(
 def _search(streams: list[ResidualStream], error: _LogitsError, deadline: Deadline) -> GridSearch:
     """Each stream's factor in turn, the ones before it kept at their choice."""
     factors = [1.0] * len(streams)
-    candidates = len(streams) * len(FACTORS)
     chosen: list[StreamFactor] = []
     for index, stream in enumerate(streams):
         errors: dict[float, np.ndarray] = {}  # factor -> each sample's error
         for factor in FACTORS:
-            if error.step_s * candidates > SEARCH_BUDGET_S:
-                return GridSearch(tuple(chosen), f"{NOT_SEARCHED}: {candidates} candidates of "
-                                  f"{error.step_s:.0f} s would take over {SEARCH_BUDGET_S:.0f} "
-                                  "s")  # fmt: skip
             if not deadline.allows(error.step_s):
                 return GridSearch(tuple(chosen), f"{NOT_SEARCHED}: the job's time ran out")
             errors[factor] = error(streams, [*factors[:index], factor, *factors[index + 1 :]])
