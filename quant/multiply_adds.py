@@ -36,9 +36,9 @@ def node_multiply_adds(node: onnx.NodeProto, shapes: dict[str, list[int]]) -> in
 
 
 def multiply_adds_per_sample(model: onnx.ModelProto) -> int:
-    """Multiply-adds of one sample through ``model``: every input's and output's first axis (the
-    batch) set to 1, shapes inferred. A product whose shapes stay unknown counts as its constant operand's
-    size (each weight used once: a lower bound) or 0."""
+    """Multiply-adds of one sample through ``model``: every input's and output's first axis
+    (the batch) set to 1, shapes inferred. A product whose shapes stay unknown counts as its
+    constant operand's size (each weight used once: a lower bound) or 0."""
     single = onnx.ModelProto()
     single.CopyFrom(model)
     for value in [*single.graph.input, *single.graph.output]:
