@@ -45,8 +45,9 @@ SIGNIFICANCE = 2.0  # standard errors a factor's gain over 1 must exceed to be k
 MAX_SEARCH_WEIGHTS = 20_000_000  # float weights; above, the search would outlast the build
 # The whole search's arithmetic (candidates x samples x multiply-adds a sample): a model small
 # in weights but large in compute (a ViT at 224 x 224) is not searched rather than spend minutes
-# a factor. Measured on a 2-core zen3 host: ~2 s a candidate per 1e9 (the bundled vit-mnist-un:
-# 7.7 M a sample, 256 samples, 8 candidates: 1.6e10, ~30 s); 1e11 is ~3.5 min there.
+# a factor. Measured once (not a benchmark) on a 2-core zen3 host: ~2 s a candidate per 1e9
+# (the bundled vit-mnist-un: 7.7 M a sample, 256 samples, 8 candidates: 1.6e10, ~30 s), so
+# 1e11 is ~3.3 min there.
 MAX_SEARCH_MULTIPLY_ADDS = 100e9
 
 NOT_SEARCHED = "residual streams not (all) moved onto the power-of-two grid"
