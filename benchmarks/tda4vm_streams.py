@@ -49,14 +49,20 @@ PROFILE = PROFILES["tda4vm"]
 VARIANTS = {"without": replace(PROFILE, stream_factors=False), "with": PROFILE}
 
 
-def held_out_logits_mse(name: str, out_dir: Path) -> float:
-    """The tda4vm file's logits vs its fp32 file's on the held-out test split."""
-    folded = load_and_fold(examples.path(name))
-    specs = input_specs(folded)
-    evaluation = checkpoint_samples(folded.info, "test", specs=specs)
+def held_out_logits(model: Path, out_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The logits of the fp32 file and of the tda4vm file (exact arithmetic) that ``convert``
+    wrote for ``model`` under ``out_dir``, on the model's held-out test split."""
+    folded = load_and_fold(model)
+    evaluation = checkpoint_samples(folded.info, "test", specs=input_specs(folded))
     (fp32,) = (out_dir / "fp32").glob("model_opset17_*.onnx")
     reference = onnx_runner(fp32)(evaluation.feeds)
     logits = onnx_runner(out_dir / "tda4vm" / "model_int8.onnx", exact=True)(evaluation.feeds)
+    return reference, logits
+
+
+def held_out_logits_mse(name: str, out_dir: Path) -> float:
+    """The tda4vm file's logits vs its fp32 file's on the held-out test split."""
+    reference, logits = held_out_logits(examples.path(name), out_dir)
     return float(np.mean(np.square(logits - reference, dtype=np.float64)))
 
 

@@ -28,6 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnxruntime.quantization.calibrate import TensorsData
 
+from .multiply_adds import node_multiply_adds
 from .ort_graph import (
     SHAPE_OPS,
     constant_values,
@@ -181,12 +182,13 @@ def _right_operand_chains(model: onnx.ModelProto, min_macs: int) -> list[_Operan
 
 
 def _macs_per_sample(matmul: onnx.NodeProto, shapes: dict[str, list[int]]) -> int:
-    """Multiply-adds of one sample of a batched MatMul (the first axis is the batch), 0 when
-    a shape is unknown."""
-    left, out = shapes.get(matmul.input[0]), shapes.get(matmul.output[0])
-    if not left or not out or len(out) < 3 or any(d <= 0 for d in out[1:]) or left[-1] <= 0:
+    """Multiply-adds of one sample of a batched MatMul (the first axis is the batch, whatever
+    it is, dynamic included), 0 when a shape is unknown."""
+    out = shapes.get(matmul.output[0])
+    if not out or len(out) < 3:
         return 0
-    return int(np.prod(out[1:])) * left[-1]
+    one_sample = {**shapes, matmul.output[0]: [1, *out[1:]]}
+    return node_multiply_adds(matmul, one_sample) or 0
 
 
 def _activations(

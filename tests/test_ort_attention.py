@@ -224,6 +224,13 @@ def test_a_constant_factor_becomes_a_dequantize_scale_and_the_operand_s8(tmp_pat
     assert products(ort_optimized(path)) == [("MatMulIntegerToFloat", "int8")]
 
 
+def test_the_bound_counts_one_sample_of_a_dynamic_batch() -> None:
+    """q @ k^T of 6 x 4 by 4 x 6 is 6 x 6 x 4 = 144 multiply-adds a sample, whatever the batch
+    ("b"): a bound of 144 takes it, 145 leaves it u8."""
+    assert signed_right_operands(qdq_attention(0.5), min_macs=145) == 0
+    assert signed_right_operands(qdq_attention(0.5), min_macs=144) == 1
+
+
 def test_a_factor_that_is_not_one_positive_constant_is_left_alone() -> None:
     for factor in (-0.5, 0.0):
         model = qdq_attention(factor)
