@@ -157,7 +157,7 @@ def plot(results: dict[str, Any]) -> None:
     axis.axhline(100 * DEFAULT_MIN_AGREEMENT, color="black", linewidth=0.8, linestyle="--",
                  label="bar")  # fmt: skip
     axis.axhline(100 * MARGIN, color="grey", linewidth=0.8, linestyle=":", label="margin")
-    axis.legend(fontsize=8)
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     figure.suptitle("tda4vm pure int8 (exact arithmetic, test split): what power-of-two costs")
     save_figure(figure, NAME)
 
