@@ -17,7 +17,10 @@ and kept epoch, and each target's pure int8 drift (the shipped file before any 1
 in the target's arithmetic, after the int8-ready step and, for comparison, of the migrated model
 as it is; for a QDQ ONNX target also the int8 recipe it shipped and every recipe of its ladder
 tried before (``TargetProfile.int8_recipes``: the first recipe's figure is the file before the
-ladder). The six chains run two at a time, one thread each.
+ladder); and the test samples each target's file flips, tda4vm's set beside every other target's
+with McNemar's exact test (``benchmarks.paired_flips``): whether a gap between two targets'
+agreements is more than the 1000-image split can tell apart. The six chains run two at a time,
+one thread each.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import edge_un
+from benchmarks.calibration_draws import MARGIN
+from benchmarks.paired_flips import PairedFlips, held_out_flips, paired
 from benchmarks.results_main import RESULTS, benchmark_main, git_commit, save_figure
 from edge_un import examples
 from quant.host import describe_host
@@ -58,6 +63,8 @@ MODELS = {
 }  # fmt: skip
 CLI = [sys.executable, "-m", "service.cli"]
 WALL_STEPS = ("migrate", "int8-ready", "convert")  # the table's wall-time column
+PAIRED_WITH = "tda4vm"  # the target whose flipped samples are set beside every other's
+SIGNIFICANT = 0.05  # McNemar's p under which two files' flip rates differ
 # One chain at a time reads its directories: transformers' lazy imports are not thread-safe (two
 # chains reusing kept directories loaded at once, and one was told ViTForImageClassification
 # is not a model class).
@@ -127,13 +134,18 @@ def chain(model: str, seed: int, work: Path) -> dict[str, Any]:
 
 def converted(model: Path, out: Path) -> tuple[dict[str, Any], int]:
     """``edge-un convert`` for every target: each target's pure int8 drift, the int8 recipe it
-    shipped and the ones tried before it, and the exit code (1 when every target failed, 3 when
-    some did: recorded, not raised)."""
+    shipped and the ones tried before it, the held-out samples its pure int8 file flips
+    (``benchmarks.paired_flips``), and the exit code (1 when every target failed, 3 when some
+    did: recorded, not raised)."""
     convert = subprocess.run([*CLI, "convert", str(model), "-o", str(out)], capture_output=True)
     targets = {
         name: target_figures(target)
         for name, target in Report.read(out / REPORT_FILE).targets.items()
     }
+    with _LOADING:
+        flips = held_out_flips(model, out)
+    for name, flipped in flips.items():
+        targets[name]["flips"] = flipped
     return targets, convert.returncode
 
 
@@ -234,7 +246,7 @@ def markdown(results: dict[str, Any]) -> str:
                 + " / ".join(seconds_cell(run["seconds"], s) for s in WALL_STEPS)
                 + " |"
             )
-    lines += ["", *_ladder_lines(), *_power_of_two_lines(results)]
+    lines += ["", *_ladder_lines(), *_power_of_two_lines(results), *_paired_lines(results)]
     return "\n".join(lines) + "\n"
 
 
@@ -269,6 +281,70 @@ def _power_of_two_lines(results: dict[str, Any]) -> list[str]:
         lines.append(f"| {model} | {seed} | {' | '.join(cells)} | {_streams_cell(tda4vm)} | "
                      f"{_drift_cell(tda4vm)} | {before} |")  # fmt: skip
     return lines
+
+
+def _paired_lines(results: dict[str, Any]) -> list[str]:
+    """tda4vm's flipped test samples beside each other target's, int8-ready models."""
+    runs = [(m, s, r) for m, seeds in results["runs"].items() for s, r in seeds.items()]
+    if not all("flips" in r["targets"].get(PAIRED_WITH, {}) for _, _, r in runs):
+        return []  # a run committed before the flips were recorded, or a failed file
+    others = [name for name in TARGET_NAMES if name != PAIRED_WITH]
+    lines = [
+        "",
+        f"{PAIRED_WITH} beside each other target on the same held-out samples (int8-ready "
+        "models, pure int8 files): the samples whose top-1 each file changes from fp32's "
+        f"(flips), those only {PAIRED_WITH}'s file flips / only the other's, and McNemar's exact "
+        f"two-sided p (benchmarks.paired_flips): under {SIGNIFICANT}, the two files' flip rates "
+        "differ by more than chance on this split would make them; over it, the split cannot "
+        "tell them apart.",
+        "",
+        f"| model | seed | {PAIRED_WITH} flips | "
+        + " | ".join(f"{name}: flips, only {PAIRED_WITH} / only {name}, p" for name in others)
+        + " |",
+        "|---|---|---|" + "---|" * len(others),
+    ]
+    for model, seed, run in runs:
+        ours = run["targets"][PAIRED_WITH]["flips"]
+        cells = []
+        for name in others:
+            theirs = run["targets"].get(name, {}).get("flips")
+            if theirs is None:  # failed, or shipped a 16-bit file
+                cells.append("-")
+                continue
+            pair = paired(ours, theirs)
+            cells.append(f"{len(theirs)}, {pair.only_a} / {pair.only_b}, {pair.p_value:.2f}")
+        lines.append(f"| {model} | {seed} | {len(ours)} | {' | '.join(cells)} |")
+    short = _short_of_margin(runs, others)
+    named = "".join(
+        f"; {model} seed {seed} ({name}: {pair.only_a} / {pair.only_b}, p {pair.p_value:.2f})"
+        for model, seed, name, pair in short
+    )
+    significant = sum(pair.p_value < SIGNIFICANT for *_, pair in short)
+    lines += [
+        "",
+        f"{PAIRED_WITH} files under the {100 * MARGIN:.1f} % margin where another target's "
+        f"reaches it (set beside the best of those): {len(short)}{named}. Of those, worse than "
+        f"that target by more than chance (p < {SIGNIFICANT}): {significant}.",
+    ]
+    return lines
+
+
+def _short_of_margin(
+    runs: list[tuple[str, str, dict[str, Any]]], others: list[str]
+) -> list[tuple[str, str, str, PairedFlips]]:
+    """(model, seed, target, its pairing with tda4vm) for each tda4vm file under the margin,
+    beside the other target with the highest agreement, where that one reaches it."""
+    short = []
+    for model, seed, run in runs:
+        targets = run["targets"]
+        ours = targets[PAIRED_WITH]
+        flipped = [name for name in others if "flips" in targets.get(name, {})]
+        if ours["pure_agreement"] >= MARGIN or not flipped:
+            continue
+        best = max(flipped, key=lambda name: targets[name]["pure_agreement"])
+        if targets[best]["pure_agreement"] >= MARGIN:
+            short.append((model, seed, best, paired(ours["flips"], targets[best]["flips"])))
+    return short
 
 
 def _streams_cell(target: dict[str, Any]) -> str:
