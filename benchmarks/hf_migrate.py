@@ -312,11 +312,11 @@ def _paired_lines(results: dict[str, Any]) -> list[str]:
                 cells.append("-")
                 continue
             pair = paired(ours, theirs)
-            cells.append(f"{len(theirs)}, {pair.only_a} / {pair.only_b}, {pair.p_value:.2f}")
+            cells.append(f"{len(theirs)}, {pair.only_a} / {pair.only_b}, {pair.p_value:.2g}")
         lines.append(f"| {model} | {seed} | {len(ours)} | {' | '.join(cells)} |")
     short = _short_of_margin(runs, others)
     named = "".join(
-        f"; {model} seed {seed} ({name}: {pair.only_a} / {pair.only_b}, p {pair.p_value:.2f})"
+        f"; {model} seed {seed} ({name}: {pair.only_a} / {pair.only_b}, p {pair.p_value:.2g})"
         for model, seed, name, pair in short
     )
     significant = sum(pair.p_value < SIGNIFICANT for *_, pair in short)
