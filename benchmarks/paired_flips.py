@@ -24,11 +24,9 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import binomtest
 
-from converters.pipeline import load_and_fold
-from quant.data import checkpoint_samples
+from benchmarks.tda4vm_streams import held_out_reference
 from quant.drift import onnx_runner
 from quant.litert import run_tflite
-from quant.prepare import input_specs
 from quant.report import REPORT_FILE, Report
 
 
@@ -46,16 +44,14 @@ def held_out_flips(model: Path, out_dir: Path) -> dict[str, list[int]]:
     """target -> the held-out test samples (indices) whose top-1 its pure int8 file, as
     ``edge-un convert`` wrote it for ``model`` under ``out_dir``, changes from fp32's."""
     report = Report.read(out_dir / REPORT_FILE)
-    folded = load_and_fold(model)
-    evaluation = checkpoint_samples(folded.info, "test", specs=input_specs(folded))
-    fp32 = sorted((out_dir / "fp32").glob("*.onnx"))[0]  # every export computes the same
-    reference = onnx_runner(fp32)(evaluation.feeds).argmax(axis=1)
+    feeds, logits = held_out_reference(model, out_dir)
+    reference = logits.argmax(axis=1)
     flips = {}
     for name, target in report.targets.items():
         if target.drift is None or target.pure_int8_drift is not None:
             continue  # failed, or the pure file gave way to a 16-bit one
         drift = target.drift
-        top1 = _outputs(out_dir / drift.artifact, drift.arithmetic, evaluation.feeds).argmax(1)
+        top1 = _outputs(out_dir / drift.artifact, drift.arithmetic, feeds).argmax(1)
         flipped = np.flatnonzero(top1 != reference)
         agreement = 1 - len(flipped) / len(reference)
         if abs(agreement - drift.agreement) > 1e-9:

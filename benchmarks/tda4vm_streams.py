@@ -49,14 +49,20 @@ PROFILE = PROFILES["tda4vm"]
 VARIANTS = {"without": replace(PROFILE, stream_factors=False), "with": PROFILE}
 
 
-def held_out_logits(model: Path, out_dir: Path) -> tuple[np.ndarray, np.ndarray]:
-    """The logits of the fp32 file and of the tda4vm file (exact arithmetic) that ``convert``
-    wrote for ``model`` under ``out_dir``, on the model's held-out test split."""
+def held_out_reference(model: Path, out_dir: Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The model's held-out test split (its feeds) and the logits on it of the fp32 file that
+    ``convert`` wrote for ``model`` under ``out_dir``."""
     folded = load_and_fold(model)
     evaluation = checkpoint_samples(folded.info, "test", specs=input_specs(folded))
     (fp32,) = (out_dir / "fp32").glob("model_opset17_*.onnx")
-    reference = onnx_runner(fp32)(evaluation.feeds)
-    logits = onnx_runner(out_dir / "tda4vm" / "model_int8.onnx", exact=True)(evaluation.feeds)
+    return evaluation.feeds, onnx_runner(fp32)(evaluation.feeds)
+
+
+def held_out_logits(model: Path, out_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The logits of the fp32 file and of the tda4vm file (exact arithmetic) that ``convert``
+    wrote for ``model`` under ``out_dir``, on the model's held-out test split."""
+    feeds, reference = held_out_reference(model, out_dir)
+    logits = onnx_runner(out_dir / "tda4vm" / "model_int8.onnx", exact=True)(feeds)
     return reference, logits
 
 
