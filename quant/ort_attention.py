@@ -34,6 +34,7 @@ from .ort_graph import (
     constant_values,
     consumers_of,
     drop_unused_initializers,
+    pair_factor,
     replace_nodes,
     tensor_shapes,
 )
@@ -248,24 +249,18 @@ def _per_tensor_pair(
 ) -> bool:
     """An 8-bit Q/DQ pair with one constant scale each and the same constant zero point (a
     16-bit one is the drift fallback's: it stays as it is)."""
-    names = [quantize.input[1], dequantize.input[1]]
-    if len(quantize.input) < 3 or len(dequantize.input) < 3:
+    if len(quantize.input) < 3 or quantize.input[2] not in constants:
         return False
-    zeros = [quantize.input[2], dequantize.input[2]]
-    if not all(name in constants and constants[name].size == 1 for name in names + zeros):
-        return False
-    first, second = constants[zeros[0]], constants[zeros[1]]
-    return first.dtype in (np.uint8, np.int8) and first.dtype == second.dtype and first == second
+    eight_bits = constants[quantize.input[2]].dtype in (np.uint8, np.int8)
+    return eight_bits and pair_factor(quantize, dequantize, constants) is not None
 
 
 def _folded_factor(chain: _OperandChain, constants: dict[str, np.ndarray]) -> float:
-    """The product, over the chain's Q/DQ pairs, of each DequantizeLinear's scale over its
-    QuantizeLinear's: 1 unless a constant factor was folded into one."""
+    """The product of the chain's Q/DQ pairs' factors (``pair_factor``): 1 unless a constant
+    factor was folded into one."""
     factor = 1.0
     for quantize, dequantize in chain.pairs:
-        factor *= float(constants[dequantize.input[1]].reshape(-1)[0]) / float(
-            constants[quantize.input[1]].reshape(-1)[0]
-        )
+        factor *= pair_factor(quantize, dequantize, constants) or 1.0  # checked per tensor
     return factor
 
 

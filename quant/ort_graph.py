@@ -106,25 +106,118 @@ def float_inputs(
     ORT then fuses the producer with its dequantized inputs into a kernel with a float output
     (MatMulIntegerToFloat, QGemm), instead of requantizing a tensor only to dequantize it again.
     A pair is dropped only when nothing else reads it.
+
+    A pair whose DequantizeLinear scale differs from its QuantizeLinear's carries a factor
+    (``fold_constant_factors`` put timm's ``(q @ k^T) * scale`` there): the factor moves into
+    the scale of the producer's left operand (and a Gemm's bias), so the float output is
+    already scaled. Where it cannot move (the product's output read elsewhere, an operand not
+    dequantized), the pairs stay.
     """
     wanted = frozenset(op_types)
+    constants = constant_values(model)
     producers = {out: node for node in model.graph.node for out in node.output}
     consumers = consumers_of(model.graph.node)
     dropped: set[int] = set()
+    operands: dict[int, list[onnx.NodeProto]] = {}  # id(product) -> its rescaled operands
     count = 0
     for node in model.graph.node:
         if node.op_type not in wanted or (names is not None and node.name not in names):
             continue
         pairs = _qdq_chain(node, producers, consumers)
-        if not pairs:
+        factor = _chain_factor(pairs, constants)
+        if not pairs or factor is None:
             continue
+        if factor != 1.0:
+            product = producers[pairs[-1][1].input[0]]
+            rescaled = _rescaled_operands(product, factor, producers, consumers, constants)
+            if rescaled is None:
+                continue
+            initializers, operands[id(product)] = rescaled
+            model.graph.initializer.extend(initializers)
         for reader, quantize, dequantize in pairs:
             reader.input[0] = quantize.input[0]
             dropped |= {id(quantize), id(dequantize)}
         count += 1
-    replace_nodes(model, [n for n in model.graph.node if id(n) not in dropped])
+    nodes = []
+    for node in model.graph.node:  # a rescaled operand just before its product
+        nodes += operands.get(id(node), [])
+        if id(node) not in dropped:
+            nodes.append(node)
+    replace_nodes(model, _without_unread_dequantize(model, nodes))
     drop_unused_initializers(model)  # the dropped pairs' scales and zero points
     return count
+
+
+def pair_factor(
+    quantize: onnx.NodeProto, dequantize: onnx.NodeProto, constants: dict[str, np.ndarray]
+) -> float | None:
+    """The factor a QuantizeLinear -> DequantizeLinear pair applies besides its rounding: the
+    DequantizeLinear's scale over the QuantizeLinear's (1 unless a factor was folded into it),
+    or None unless both are per tensor, constant, with the same constant zero point."""
+    scales = [quantize.input[1], dequantize.input[1]]
+    zeros = [n.input[2] if len(n.input) > 2 else "" for n in (quantize, dequantize)]
+    if not all(name in constants and constants[name].size == 1 for name in scales):
+        return None
+    if zeros[0] != zeros[1]:
+        if not all(name in constants and constants[name].size == 1 for name in zeros):
+            return None
+        first, second = constants[zeros[0]], constants[zeros[1]]
+        if first.dtype != second.dtype or first != second:
+            return None
+    dequantize_scale, quantize_scale = (float(constants[n].reshape(())) for n in scales[::-1])
+    return dequantize_scale / quantize_scale
+
+
+def _chain_factor(
+    pairs: list[tuple[onnx.NodeProto, onnx.NodeProto, onnx.NodeProto]],
+    constants: dict[str, np.ndarray],
+) -> float | None:
+    """The product of the pairs' factors (``pair_factor``), None if one has none."""
+    factor = 1.0
+    for _, quantize, dequantize in pairs:
+        one = pair_factor(quantize, dequantize, constants)
+        if one is None:
+            return None
+        factor *= one
+    return factor
+
+
+def _rescaled_operands(
+    product: onnx.NodeProto,
+    factor: float,
+    producers: dict[str, onnx.NodeProto],
+    consumers: dict[str, list[onnx.NodeProto]],
+    constants: dict[str, np.ndarray],
+) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]] | None:
+    """A MatMul/Gemm whose output comes out ``factor`` times larger: a DequantizeLinear of its
+    left operand (and of a Gemm's bias) of its own, with its scale times ``factor``; the
+    product is rewired to them. None (nothing changed) where the product's output has another
+    reader, which would see the factor too, or an operand is not a per-tensor dequantization."""
+    if len(consumers.get(product.output[0], [])) != 1:
+        return None
+    slots = [0, 2] if product.op_type == "Gemm" and len(product.input) > 2 else [0]
+    sources = [producers.get(product.input[slot]) for slot in slots]
+    if any(
+        source is None
+        or source.op_type != "DequantizeLinear"
+        or source.input[1] not in constants
+        or constants[source.input[1]].size != 1
+        for source in sources
+    ):
+        return None
+    initializers, nodes = [], []
+    for slot, source in zip(slots, sources, strict=True):
+        name = f"{product.name or product.output[0]}_input{slot}_rescaled"
+        scale = constants[source.input[1]].astype(np.float64) * factor
+        initializers.append(numpy_helper.from_array(scale.astype(np.float32), f"{name}_scale"))
+        node = helper.make_node(
+            "DequantizeLinear", [source.input[0], f"{name}_scale", *source.input[2:]], [name],
+            name=name,
+        )  # fmt: skip
+        node.attribute.extend(source.attribute)
+        nodes.append(node)
+        product.input[slot] = name
+    return initializers, nodes
 
 
 def _qdq_chain(
