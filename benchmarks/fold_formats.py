@@ -1,6 +1,7 @@
 """One model, any source format: the same fold and the same int8 drift on every target.
 
-    .venv/bin/python -m benchmarks.fold_formats                # ~25 min on 2 cores
+    .venv/bin/python -m benchmarks.fold_formats                # ~40 min on 2 cores
+    .venv/bin/python -m benchmarks.fold_formats --models hf-bert-rt-un-in-place
     .venv/bin/python -m benchmarks.fold_formats --report-only  # Markdown and plot from the JSON
 
 Each bundled model (edge_un's ViT and text model migrated from LayerNorm, the Hugging Face ViT
@@ -11,12 +12,21 @@ a legacy ONNX file, all exported here from the same weights. Every conversion ge
 so any difference between formats is the converter's. Recorded per model, format and target:
 the fold placements (which norm folded into which layers), status, agreement with fp32, top-1
 drop, the int8 recipe shipped, and the conversion's wall time.
+
+Two models are a bundled one as other code writes it (:mod:`testbed.authors_un`): the trained
+UN ViT with every norm the UN authors' ``UN1d`` (same state, their ``(B, C, N, 1)`` layout),
+and the UN BERT with its embeddings adding their rows in place as transformers 4.x did
+(``aten.add_.Tensor`` in a program). Their "native" column is the bundled file itself (the
+project's own equivalent); the other formats are exported from the rewritten module.
+``--models NAME ...`` measures only those and keeps the other rows of the JSON.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,23 +40,30 @@ import numpy as np
 import torch
 
 import edge_un
-from benchmarks.results_main import benchmark_main, save_figure
+from benchmarks.results_main import RESULTS, benchmark_main, save_figure
 from converters.pipeline import load_and_fold
 from edge_un import examples
 from quant.data import checkpoint_samples
 from quant.pipeline import convert
 from quant.prepare import input_specs
 from quant.targets import TARGET_NAMES
+from testbed.authors_un import in_authors_layout, with_in_place_embeddings
 
 NAME = "fold_formats"
-MODELS = ("vit-mnist-ln-to-un", "text-rt-ln-to-un", "hf-vit-mnist-un", "hf-bert-rt-un")
+# A bundled model rewritten as other code writes it: (the bundled model, the rewrite).
+DERIVED = {
+    "vit-mnist-un-authors-layout": ("vit-mnist-un", in_authors_layout),
+    "hf-bert-rt-un-in-place": ("hf-bert-rt-un", with_in_place_embeddings),
+}
+MODELS = ("vit-mnist-ln-to-un", "text-rt-ln-to-un", "hf-vit-mnist-un", "hf-bert-rt-un", *DERIVED)
 FORMATS = ("native", "pt2", "dynamo", "legacy")
 CALIBRATION = 128
 
 
 def sources(name: str, scratch: Path) -> tuple[dict[str, Path], Path, Path]:
     """The model in every format, and calib.npz / eval.npz named by its inputs."""
-    native = examples.path(name)
+    bundled, rewrite = DERIVED.get(name, (name, None))
+    native = examples.path(bundled)
     folded = load_and_fold(native)
     names = folded.input_names
     specs = input_specs(folded)
@@ -54,7 +71,7 @@ def sources(name: str, scratch: Path) -> tuple[dict[str, Path], Path, Path]:
     evaluation = checkpoint_samples(folded.info, "test", specs=specs)
     np.savez(scratch / "calib.npz", **calibration.feeds)
     np.savez(scratch / "eval.npz", **evaluation.feeds, labels=evaluation.labels)
-    model = folded.model.eval()
+    model = folded.model.eval() if rewrite is None else rewrite(folded.model)
     example = tuple(torch.from_numpy(calibration.feeds[n][:1]) for n in names)
     paths = {"native": native, "pt2": scratch / "model.pt2"}
     torch.export.save(torch.export.export(model, example), paths["pt2"])
@@ -95,12 +112,22 @@ def measure_model(name: str, scratch: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def run() -> dict[str, Any]:
+def run(models: tuple[str, ...] = MODELS) -> dict[str, Any]:
+    """Every model in ``models``; with fewer than all, the committed JSON's other rows kept."""
+    kept = [] if set(models) == set(MODELS) else _committed_rows(exclude=models)
     rows = []
-    for name in MODELS:
+    for name in models:
         with tempfile.TemporaryDirectory() as scratch:
             rows += measure_model(name, Path(scratch))
+    order = {name: index for index, name in enumerate(MODELS)}
+    rows = sorted(kept + rows, key=lambda r: order.get(r["model"], len(order)))
     return {"rows": rows, "edge_un": edge_un.__version__}
+
+
+def _committed_rows(exclude: tuple[str, ...]) -> list[dict[str, Any]]:
+    path = RESULTS / f"{NAME}.json"
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    return [row for row in rows if row["model"] not in exclude]
 
 
 def _cell(row: dict[str, Any] | None) -> str:
@@ -161,4 +188,6 @@ def plot(results: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    benchmark_main(NAME, __doc__, run, markdown, plot)
+    chosen = tuple(sys.argv[sys.argv.index("--models") + 1 :]) if "--models" in sys.argv else ()
+    sys.argv = sys.argv[: sys.argv.index("--models")] if chosen else sys.argv
+    benchmark_main(NAME, __doc__, lambda: run(chosen or MODELS), markdown, plot)

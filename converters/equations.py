@@ -48,25 +48,36 @@ def compose_affine(
 
 
 def compose_affine_chain(
-    steps: Sequence[tuple[str, Tensor, bool]], channels: int
+    steps: Sequence[tuple[str, Tensor, bool]], channels: int, axis: int = -1
 ) -> tuple[Tensor, Tensor]:
     """Elementwise steps ``(op, constant, data_first)`` applied in turn to ``x``, as one
-    ``(scale, shift)`` of ``(channels,)`` in float64; ValueError if one is not per channel."""
+    ``(scale, shift)`` of ``(channels,)`` in float64, the channels on ``axis`` (counted from the
+    end: -1 is the last); ValueError if a step is not per channel."""
     scale = torch.ones(channels, dtype=torch.float64)
     shift = torch.zeros(channels, dtype=torch.float64)
     for op, constant, data_first in steps:
-        vector = as_channel_vector(constant.to(torch.float64), channels)
+        vector = as_channel_vector(constant.to(torch.float64), channels, axis)
         scale, shift = compose_affine(scale, shift, op, vector, data_first)
     return scale, shift
 
 
-def as_channel_vector(constant: Tensor, channels: int) -> Tensor:
-    """A constant that broadcasts along the last axis only, as a ``(channels,)`` vector."""
-    if any(size != 1 for size in constant.shape[:-1]) or (
-        constant.dim() and constant.shape[-1] not in (1, channels)
-    ):
-        raise ValueError(f"constant of shape {tuple(constant.shape)} is not per-channel")
+def as_channel_vector(constant: Tensor, channels: int, axis: int = -1) -> Tensor:
+    """A constant that broadcasts along axis ``axis`` only (counted from the end, as
+    broadcasting aligns shapes: ``(1, C, 1, 1)`` on ``(B, C, N, 1)`` is axis -3), as a
+    ``(channels,)`` vector."""
+    shape = tuple(constant.shape)
+    along = shape[axis] if len(shape) >= -axis else 1
+    others = [size for i, size in enumerate(shape) if i != len(shape) + axis]
+    if any(size != 1 for size in others) or along not in (1, channels):
+        raise ValueError(f"constant of shape {shape} is not per-channel")
     return constant.reshape(-1).expand(channels) if constant.numel() == 1 else constant.reshape(-1)
+
+
+def channel_axis(shape: Sequence[int]) -> int | None:
+    """The one axis (counted from the end) along which a constant of ``shape`` varies; -1 when
+    it varies along none (a scalar); None when it varies along more than one."""
+    varying = [i - len(shape) for i, size in enumerate(shape) if size != 1]
+    return -1 if not varying else varying[0] if len(varying) == 1 else None
 
 
 def fold_affine_into_embedding_tables(

@@ -14,6 +14,7 @@ from typing import Any
 from torch import fx, nn
 from torch.export import ExportedProgram
 
+from .canonical import canonicalize
 from .errors import OnlineNormError
 from .fold_report import FoldReport
 from .fold_rules import fold_all
@@ -80,6 +81,8 @@ def fold_graph(
     online = find_online_norms(gm)
     if online and not allow_online:
         raise OnlineNormError(_online_message(online))
+    rewritten = canonicalize(gm)  # in-place ops and composites, as the rules read them
+    notes += (f"canonical form: {', '.join(rewritten)}",) * bool(rewritten)
     graph = FxFoldGraph(gm)
     results = fold_all(graph)
     graph.remove_dead_attributes()

@@ -48,7 +48,9 @@ class Op:
 
 @dataclass(frozen=True)
 class Norm:
-    """One offline norm, reduced to ``output = input * scale + shift`` (float64, ``(C,)``)."""
+    """One offline norm, reduced to ``output = input * scale + shift`` (float64, ``(C,)``), the
+    channels on ``axis`` of input and output alike (counted from the end: -1, the last, for
+    every norm written channels-last; -3 for the UN authors' ``(B, C, N, 1)`` layout)."""
 
     name: str
     kind: str
@@ -57,6 +59,7 @@ class Norm:
     output: Any
     scale: Tensor
     shift: Tensor
+    axis: int = -1
 
 
 @dataclass(frozen=True)
@@ -92,3 +95,5 @@ class FoldGraph(Protocol):
     def set_term_values(self, term: Term, values: Tensor) -> None: ...
     def bypass(self, norm: Norm) -> None: ...  # its readers read its input; its nodes go
     def keep_as_scale_shift(self, norm: Norm) -> None: ...
+    # value's readers read the replacement (same values); the nodes nothing reads any more go
+    def reroute(self, value: Any, replacement: Any) -> None: ...

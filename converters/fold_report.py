@@ -51,8 +51,30 @@ class FoldReport:
     def kept(self) -> tuple[NormFold, ...]:
         return tuple(n for n in self.norms if n.action == "scale_shift")
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What a person must not miss, naming what stays in the graph: no norm found or none
+        folded (a frozen norm in a form not read here stays as exported, silently before),
+        per-channel affines kept as Mul + Add, online norms kept."""
+        found: list[str] = []
+        if not self.norms:
+            found.append(
+                "no offline norm found, nothing folded: any norm of the model stays in the graph "
+                "as it was exported (see the operators)"
+            )
+        elif not self.folded:
+            found.append(f"none of the {len(self.norms)} offline norms folded")
+        if self.kept:
+            names = ", ".join(n.name for n in self.kept)
+            found.append(f"per-channel affine left in the graph as Mul + Add: {names}")
+        if self.online_norms:
+            found.append(
+                f"LayerNorm-type online norms left in the graph: {', '.join(self.online_norms)}"
+            )
+        return tuple(found)
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "fully_integer": self.fully_integer}
+        return {**asdict(self), "fully_integer": self.fully_integer, "warnings": self.warnings}
 
     def __str__(self) -> str:
         lines = [
@@ -62,4 +84,5 @@ class FoldReport:
         ]
         lines += [f"  {n}" for n in self.norms]
         lines += [f"  note: {note}" for note in self.notes]
+        lines += [f"  WARNING: {warning}" for warning in self.warnings]
         return "\n".join(lines)

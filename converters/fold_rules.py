@@ -38,6 +38,7 @@ from .equations import (
 )
 from .fold_graph import FoldGraph, Kind, Norm, Op, Term
 from .fold_report import NormFold
+from .layout_round_trips import remove_round_trips
 
 __all__ = ["FoldGraph", "Kind", "Norm", "Op", "Term", "fold_all", "fold_norm"]
 
@@ -70,11 +71,13 @@ def fold_norm(graph: FoldGraph, norm: Norm) -> NormFold:
         for layer in layers:
             _fold_layer(graph, layer, norm, fold_affine_into_following_linear)
         names = tuple(graph.layer_name(layer) for layer in layers)  # in graph order: q, k, v
+        _remove_layout_round_trip(graph, norm)
         return NormFold(norm.name, norm.kind, "folded_forward", names)
     layer, backward_reason = preceding_layer(graph, norm)
     if layer is not None:
         graph.bypass(norm)
         _fold_layer(graph, layer, norm, fold_affine_into_preceding_linear)
+        _remove_layout_round_trip(graph, norm)
         return NormFold(norm.name, norm.kind, "folded_backward", (graph.layer_name(layer),))
     terms, embedding_reason = embedding_terms(graph, norm)
     if terms is not None:
@@ -93,6 +96,13 @@ def fold_norm(graph: FoldGraph, norm: Norm) -> NormFold:
     return NormFold(norm.name, norm.kind, "scale_shift", reason=reason)
 
 
+def _remove_layout_round_trip(graph: FoldGraph, norm: Norm) -> None:
+    """A norm computed in another layout (channels not last) was reached through layout ops
+    and left through their inverses: with the norm gone, they meet and go too."""
+    if norm.axis != -1:
+        remove_round_trips(graph, norm.input)
+
+
 def _fold_layer(graph: FoldGraph, layer: Any, norm: Norm, equation: Equation) -> None:
     """One equation of :mod:`.equations` in float64, stored in the layer's dtype."""
     weight, bias = graph.weights(layer)
@@ -109,7 +119,7 @@ def following_layers(graph: FoldGraph, norm: Norm) -> tuple[list[Any] | None, st
     layers: list[Any] = []
     reached: dict[int, int] = {}  # id(value) -> its channel axis, for every value reached
     joins: dict[int, Any] = {}  # joins reached through some of their inputs so far
-    frontier = [(norm.output, len(graph.shape(norm.output) or (0,)) - 1)]
+    frontier = [(norm.output, len(graph.shape(norm.output) or (0,)) + norm.axis)]
     while frontier:
         value, axis = frontier.pop()
         if graph.is_output(value):
@@ -243,7 +253,7 @@ def preceding_layer(graph: FoldGraph, norm: Norm) -> tuple[Any | None, str]:
     """The Linear/Conv whose output is the norm's input, through ops that move the channel axis
     whole, with nothing else reading any value on the way; or why there is none."""
     value, shape = norm.input, graph.shape(norm.input)
-    axis = len(shape) - 1 if shape is not None else -1
+    axis = len(shape) + norm.axis if shape is not None else -1
     previous: set[int] = {id(node) for node in norm.nodes}  # who may read ``value``
     while True:
         node = graph.producer(value)
@@ -292,7 +302,7 @@ def embedding_terms(graph: FoldGraph, norm: Norm) -> tuple[list[Term] | None, st
     """The terms of the sum the norm reads, when every term is a lookup of a table of its own
     or a constant, at least one a lookup, and nothing else reads the sum or its parts; else
     None and why ("" when no lookup is summed there: nothing to explain)."""
-    if graph.is_constant(norm.input):
+    if graph.is_constant(norm.input) or norm.axis != -1:  # tables hold channels last
         return None, ""
     terms: list[Term] = []
     problems: list[str] = []

@@ -1,9 +1,8 @@
 """The fold rules' view of a torch.export (aten-level) fx graph, and their edits to it.
 
-A norm is found by its module call (``nn_module_stack``), not by attribute names, so any model
-works; its ``(scale, shift)`` is read from the traced chain itself, which is what
-``edge_un.OfflineNorm.affine()`` computes, so a saved ``.pt2`` whose classes are never imported
-folds the same as a live model.
+The norms are found and described by :mod:`.fx_norms` (a call of edge_un's norm classes, or any
+other frozen per-channel affine); this module classifies the ops, reads the layers' weights and
+makes the edits.
 """
 
 from __future__ import annotations
@@ -14,12 +13,11 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
-from .equations import compose_affine_chain
-from .errors import ConversionError
+from .affine_chains import broadcast_shape
 from .fold_graph import Kind, Norm, Op, Term
+from .fx_norms import describe_norm, norm_sites
 from .graph import (
     AFFINE_OPS,
-    ASSERT_OPS,
     CONV_OPS,
     IDENTITY_OPS,
     LINEAR_OPS,
@@ -28,7 +26,6 @@ from .graph import (
     Constants,
     aten,
     fetch_attr,
-    module_call,
     module_path,
     normalize_dims,
     offline_norm_classes,
@@ -56,80 +53,11 @@ class FxFoldGraph:
         self.constants = Constants(gm)
 
     # -- the norms ---------------------------------------------------------------------------
-    def norm_sites(self) -> list[str]:
-        classes = offline_norm_classes()
-        keys: dict[str, None] = {}
-        for node in self.gm.graph.nodes:
-            call = module_call(node) if node.op == "call_function" else None
-            if call and call[2] in classes:
-                keys[call[0]] = None
-        return list(keys)
+    def norm_sites(self) -> list[Any]:
+        return norm_sites(self.gm, self.constants)
 
-    def describe_norm(self, site: Any) -> Norm:
-        """The chain ``input -> (mul/add/... by constants) -> output`` of one norm call."""
-        nodes = [
-            n
-            for n in self.gm.graph.nodes
-            if n.op == "call_function" and (module_call(n) or ("",))[0] == site
-        ]
-        _, path, cls = module_call(nodes[0])  # type: ignore[misc]
-        scope = set(nodes)
-        # Constants computed in one call and reused by the next (a shared norm, traced once
-        # per call) are not outputs.
-        outputs = [
-            n
-            for n in nodes
-            if not self.constants.is_const(n) and any(u not in scope for u in n.users)
-        ]
-        if len(outputs) != 1:
-            raise ConversionError(
-                f"norm {path} has {len(outputs)} outputs in the graph, expected 1"
-            )
-        chain: list[fx.Node] = []
-        node = outputs[0]
-        while node in scope:
-            chain.append(node)
-            data = [a for a in node.all_input_nodes if not self.constants.is_const(a)]
-            if node.op != "call_function" or len(data) != 1:
-                raise ConversionError(
-                    f"norm {path} is not a per-channel affine (exported in eval?)"
-                )
-            node = data[0]
-        chain.reverse()
-        extra = [
-            n
-            for n in nodes
-            if not self.constants.is_const(n) and n not in chain and n.target not in ASSERT_OPS
-        ]
-        if extra:
-            raise ConversionError(f"norm {path} computes more than x * scale + shift: {extra[0]}")
-        dims = shape(outputs[0])
-        if not dims:
-            raise ConversionError(f"norm {path}: no shape recorded for its output")
-        scale, shift = self._chain_affine(chain, node, dims[-1], path)
-        kind = offline_norm_classes()[cls].kind
-        return Norm(path, kind, tuple(nodes), node, outputs[0], scale, shift)
-
-    def _chain_affine(
-        self, chain: list[fx.Node], data: fx.Node, channels: int, path: str
-    ) -> tuple[Tensor, Tensor]:
-        """The chain's elementwise ops by constants as one ``(scale, shift)`` in float64."""
-        steps = []
-        for node in chain:
-            op = AFFINE_OPS.get(node.target)  # type: ignore[arg-type]
-            if node.target not in IDENTITY_OPS:
-                if op is None or (op in ("add", "sub") and node.kwargs.get("alpha", 1) != 1):
-                    raise ConversionError(
-                        f"norm {path}: {node.target} is not a per-channel affine op"
-                    )
-                data_first = node.args[0] is data
-                constant = self.constants.value(node.args[1] if data_first else node.args[0])
-                steps.append((op, torch.as_tensor(constant), data_first))
-            data = node
-        try:
-            return compose_affine_chain(steps, channels)
-        except ValueError as error:
-            raise ConversionError(f"norm {path}: {error}") from None
+    def describe_norm(self, site: Any) -> Norm | None:
+        return describe_norm(self.gm, self.constants, site)
 
     # -- reading the graph -------------------------------------------------------------------
     def op(self, node: fx.Node) -> Op:
@@ -238,8 +166,10 @@ class FxFoldGraph:
     def keep_as_scale_shift(self, norm: Norm) -> None:
         """One Mul and one Add by constant (C,) vectors: no reduction, division or square root."""
         dtype = norm.output.meta["val"].dtype
-        scale_target = self._new_attribute(f"{norm.name}.folded_scale", norm.scale.to(dtype))
-        shift_target = self._new_attribute(f"{norm.name}.folded_shift", norm.shift.to(dtype))
+        layout = broadcast_shape(norm.scale.numel(), norm.axis)  # (C,), or (C, 1, 1) ...
+        scale, shift = (v.to(dtype).reshape(layout) for v in (norm.scale, norm.shift))
+        scale_target = self._new_attribute(f"{norm.name}.folded_scale", scale)
+        shift_target = self._new_attribute(f"{norm.name}.folded_shift", shift)
         graph = self.gm.graph
         with graph.inserting_before(norm.output.next):
             mul = graph.call_function(aten.mul.Tensor, (norm.input, graph.get_attr(scale_target)))
@@ -249,10 +179,23 @@ class FxFoldGraph:
             node.meta["val"] = norm.output.meta.get("val")
         self._route(norm, add)
 
+    def reroute(self, value: fx.Node, replacement: fx.Node) -> None:
+        """``value``'s readers read ``replacement``; the ops back to it that nothing reads go."""
+        value.replace_all_uses_with(replacement)
+        node: Any = value
+        while isinstance(node, fx.Node) and node is not replacement and not node.users:
+            data = node.args[0] if node.args else None
+            self.gm.graph.erase_node(node)
+            node = data
+
     def _new_attribute(self, target: str, tensor: Tensor) -> str:
-        """A free attribute name at ``target`` (suffixed if taken) holding ``tensor``."""
+        """A free attribute name at ``target`` (suffixed if taken) holding ``tensor``; on the
+        root when ``target`` names no module (a run in the model's own forward)."""
         owner_path, _, name = target.rpartition(".")
-        owner = self.gm.get_submodule(owner_path) if owner_path else self.gm
+        try:
+            owner = self.gm.get_submodule(owner_path) if owner_path else self.gm
+        except AttributeError:
+            owner_path, owner = "", self.gm
         candidate, index = name, 0
         while hasattr(owner, candidate):
             index += 1
@@ -262,8 +205,13 @@ class FxFoldGraph:
         return free
 
     def remove_dead_attributes(self) -> None:
-        """Drop get_attr nodes nothing reads any more, and the norm tensors behind them."""
+        """Drop get_attr nodes nothing reads any more, and the norm tensors behind them (first
+        what a folded run's constants were computed with, ``sqrt(running_var + eps)``)."""
         graph = self.gm.graph
+        for node in reversed(graph.nodes):
+            pure = self.constants.is_const(node) or _kind(node) is Kind.SHAPE
+            if node.op == "call_function" and not node.users and pure:
+                graph.erase_node(node)
         dead = [n for n in graph.nodes if n.op == "get_attr" and not n.users]
         for node in dead:
             graph.erase_node(node)

@@ -14,7 +14,7 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
-from .equations import compose_affine_chain
+from .affine_chains import broadcast_shape, chain_affine, is_per_channel
 from .fold_graph import Kind, Norm, Op, Term
 from .onnx_names import folded_table_name, label, layer_name, norm_name
 from .onnx_rewrites import constant, fresh_name, set_constant_input
@@ -71,22 +71,16 @@ class OnnxFoldGraph:
             return None
         data = step[0]
         steps = [affine_step(n) for n in nodes]
-        if None in steps:
+        if None in steps or data.shape is None:
             return None
-        widths = [s[2].shape[-1] for s in steps if s and s[2].ndim]
-        last = data.shape[-1] if data.shape is not None and data.shape.rank() else None
-        channels = max(widths, default=last if last is not None else 1)
-        if not isinstance(channels, int) or any(w not in (1, channels) for w in widths):
-            return None
-        if isinstance(last, int) and last != channels:
-            return None  # the constants broadcast the data to more channels: not x * s + t
-        if not any(s and s[1] in ("mul", "div") for s in steps) or max(widths, default=1) == 1:
-            return None  # a bias add or a scalar (GELU's constants, attention scale): not a norm
         chain = [(op, torch.from_numpy(value), first) for _, op, value, first in steps]  # type: ignore[misc]
-        scale, shift = compose_affine_chain(chain, channels)
+        found = chain_affine(chain, tuple(_size(d) for d in data.shape))
+        if found is None:
+            return None
         name, kind = norm_name(nodes[0], nodes[-1].outputs[0])
         name = self._call_of(name)
-        return Norm(name, kind, nodes, data, nodes[-1].outputs[0], scale, shift)
+        output = nodes[-1].outputs[0]
+        return Norm(name, kind, nodes, data, output, found.scale, found.shift, found.axis)
 
     def _call_of(self, name: str) -> str:
         """The legacy exporter names a module's second call ``path_1``: the module's path, so
@@ -140,7 +134,17 @@ class OnnxFoldGraph:
         return list(dict.fromkeys(node for node, _ in value.uses()))
 
     def producer(self, value: ir.Value) -> ir.Node | None:
-        return value.producer()
+        """A MatMul with its bias Add is one Linear, whose output is the Add's (what torch's
+        ``linear`` computes): a norm reached through layout ops from it folds backward."""
+        node = value.producer()
+        if node is not None and node.op_type == "Add":
+            for source in node.inputs:
+                layer = source.producer() if source is not None else None
+                if layer is not None and layer.op_type == "MatMul":
+                    found = self._bias_add(layer)
+                    if found is not None and found[0] is node:
+                        return layer
+        return node
 
     def is_output(self, value: ir.Value) -> bool:
         return value.is_graph_output()
@@ -222,8 +226,9 @@ class OnnxFoldGraph:
             return
         first = norm.nodes[0]
         dtype = next(c.dtype for c in map(constant, first.inputs) if c is not None)
+        shape = broadcast_shape(norm.scale.numel(), norm.axis)  # (C,), or (C, 1, 1) ...
         scale, shift = (
-            self._initializer(f"{first.name}_{what}", vector.numpy().astype(dtype))
+            self._initializer(f"{first.name}_{what}", vector.numpy().astype(dtype).reshape(shape))
             for what, vector in (("scale", norm.scale), ("shift", norm.shift))
         )
         metadata = dict(first.metadata_props)
@@ -231,6 +236,17 @@ class OnnxFoldGraph:
         add = ir.Node("", "Add", [mul.outputs[0], shift], metadata_props=dict(metadata))
         self.graph.insert_after(norm.nodes[-1], [mul, add])
         self.bypass(norm, add.outputs[0])
+
+    def reroute(self, value: ir.Value, replacement: ir.Value) -> None:
+        """``value``'s readers read ``replacement``; the ops back to it that nothing reads go."""
+        ir.convenience.replace_all_uses_with(value, replacement)
+        node = value.producer()
+        while node is not None and node is not replacement.producer():
+            if any(out.uses() or out.is_graph_output() for out in node.outputs):
+                break
+            data = node.inputs[0]
+            self.graph.remove(node, safe=True)
+            node = data.producer() if data is not None else None
 
     def _initializer(self, name: str, array: np.ndarray) -> ir.Value:
         value = ir.Value(name=fresh_name(self.graph, name), const_value=ir.tensor(array))
@@ -296,7 +312,8 @@ class OnnxFoldGraph:
 
 
 def affine_step(node: ir.Node) -> Step | None:
-    """(data input, op, constant, data_first) if the node is x op constant, per last axis."""
+    """(data input, op, constant, data_first) if the node is x op constant, the constant
+    varying along one axis at most (a channel axis, wherever the layout put it)."""
     op = AFFINE_OPS.get(node.op_type)
     if op is None or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
         return None
@@ -309,10 +326,10 @@ def affine_step(node: ir.Node) -> Step | None:
     assert value is not None and data is not None
     if op == "div" and not data_first:
         return None
-    if value.ndim and any(size != 1 for size in value.shape[:-1]):
-        return None  # not per channel (e.g. a position embedding)
     rank = data.shape.rank() if data.shape is not None else None
-    if rank is None or value.ndim > rank or not np.issubdtype(value.dtype, np.floating):
+    if rank is None or not is_per_channel(value.shape, rank):
+        return None  # not per channel (e.g. a position embedding)
+    if not np.issubdtype(value.dtype, np.floating):
         return None
     return data, op, value.astype(np.float64), data_first
 
@@ -356,6 +373,11 @@ def _pad_fill(node: ir.Node) -> float | None:
         return 0.0
     array = constant(value)
     return None if array is None or array.size != 1 else float(array.item())
+
+
+def _size(dim: Any) -> Any:
+    """A dimension as an int when known, else as it is (a symbolic one)."""
+    return dim if isinstance(dim, int) else getattr(dim, "value", dim)
 
 
 def _single_use(value: ir.Value | None) -> bool:

@@ -25,11 +25,14 @@ def _metadata_list(node: ir.Node | ir.Value, key: str) -> list[str]:
 
 def norm_name(first: ir.Node, output: ir.Value) -> tuple[str, str]:
     """(name, kind) of the norm whose chain starts at ``first``: the torch module path and
-    norm kind when the dynamo exporter recorded them, else a path or name and "affine"."""
+    norm kind when the dynamo exporter recorded them (a module not edge_un's, such as the UN
+    authors' ``UN1d``: its path and "affine"), else a path or name and "affine"."""
     scopes, classes = _metadata_list(first, NAME_SCOPES), _metadata_list(first, CLASS_HIERARCHY)
     norms = offline_norm_classes()
     if len(classes) >= 2 and classes[-2] in norms and len(scopes) >= 2:
         return scopes[-2], norms[classes[-2]].kind
+    if len(scopes) >= 2 and scopes[-2]:
+        return scopes[-2], "affine"
     name = first.name
     return scope_path(name or "") or name or output.name or "affine", "affine"
 

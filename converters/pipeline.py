@@ -364,6 +364,7 @@ def summary_markdown(result: ConversionResult) -> str:
             f"folded ONNX {check.onnx_accuracy:.4f}, top-1 agreement {check.top1_agreement:.4f}, "
             f"max abs logit diff {check.max_abs_diff:.3g}",
         ]
+    lines += [f"- **warning**: {warning}" for warning in fold.warnings]
     lines += [f"- note: {note}" for note in fold.notes]
     lines += [f"- note: {note}" for note in result.notes]
     lines += [

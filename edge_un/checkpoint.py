@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ._version import __version__
 from .models import ARCHITECTURES
+from .norms.authors import authors_prefixes, renamed, reshaped
 
 METADATA_KEY = "edge_un"
 FORMAT_VERSION = 1
@@ -152,6 +153,7 @@ def load_checkpoint(
             "'architecture' and 'arguments')"
         )
     info = _parse_config(raw, path)
+    tensors = _as_unified_norms(tensors)
     model = _build_on_meta(info, tensors)
     state = _materialize(tensors, path)
     model.load_state_dict(state, strict=True, assign=True)
@@ -167,6 +169,25 @@ class _LazyTensors:
     def __init__(self, shapes: dict[str, tuple[int, ...]], read: Any) -> None:
         self.shapes = shapes
         self.read = read
+
+
+def _as_unified_norms(tensors: _LazyTensors) -> _LazyTensors:
+    """The UN authors' ``UN1d`` layers stored in it, read as UnifiedNorm's state
+    (:mod:`.norms.authors`); every other tensor as stored."""
+    prefixes = authors_prefixes(set(tensors.shapes))
+    if not prefixes:
+        return tensors
+    stored = dict(tensors.shapes)
+    names = {renamed(name, prefixes): name for name in stored}
+
+    def shape(name: str) -> tuple[int, ...]:
+        meta = torch.empty(stored[name], device="meta")
+        return tuple(reshaped(name, meta, prefixes, stored).shape)
+
+    def read(name: str) -> Tensor:
+        return reshaped(names[name], tensors.read(names[name]), prefixes, stored)
+
+    return _LazyTensors({new: shape(old) for new, old in names.items()}, read)
 
 
 def _open_safetensors(path: Path) -> tuple[_LazyTensors, str | None]:

@@ -129,7 +129,7 @@ def norms_line(report: Report) -> str:
         )
     if not report.fold.get("fully_integer", True):
         line += "; online norms left: NOT fully integer"
-    return line
+    return line + "".join(f"; WARNING: {w}" for w in report.fold.get("warnings", []))
 
 
 def inputs_line(target: TargetReport) -> str:

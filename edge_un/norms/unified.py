@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .authors import authors_prefixes, renamed, reshaped
 from .base import OfflineNorm
 from .stats import geometric_mean
 
@@ -49,6 +50,8 @@ class UnifiedNorm(OfflineNorm):
         self.register_buffer("window_g", torch.zeros(window_size, num_features))
         self.register_buffer("ema_g", torch.zeros(num_features))
         self.register_buffer("num_filtered", torch.tensor(0, dtype=torch.long))
+        # the UN authors' UN1d state loads too, renamed and reshaped (.authors)
+        self.register_load_state_dict_pre_hook(_read_authors_state)
 
     def forward_statistics(
         self, batch_mean: Tensor | None, batch_var: Tensor, count: Tensor
@@ -91,3 +94,17 @@ class UnifiedNorm(OfflineNorm):
             f"{super().extra_repr()}, window_size={self.window_size}, "
             f"warmup_iters={self.warmup_iters}, outlier_filtration={self.outlier_filtration}"
         )
+
+
+def _read_authors_state(
+    module: UnifiedNorm, state: dict[str, Tensor], prefix: str, *args: object
+) -> None:
+    """A load_state_dict pre-hook: the authors' ``UN1d`` tensors under ``prefix`` become this
+    layer's, in place (``state`` is the dict being loaded)."""
+    names = [name for name in state if name.startswith(prefix)]
+    if prefix not in authors_prefixes({name for name in names if "." not in name[len(prefix) :]}):
+        return
+    shapes = {name: tuple(state[name].shape) for name in names}
+    for name in names:
+        if "." not in name[len(prefix) :]:
+            state[renamed(name, [prefix])] = reshaped(name, state.pop(name), [prefix], shapes)
