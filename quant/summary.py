@@ -116,8 +116,11 @@ def fallback_op_lines(target: TargetReport) -> list[str]:
 
 def norms_line(report: Report) -> str:
     """``9 offline norms, all folded into the weights`` / ``5 offline norms: 1 folded, 4
-    kept as one per-channel Mul + Add (a, b, ...)``: what folding did, in one line."""
+    kept as one per-channel Mul + Add ...; WARNING: ...``: what folding did, in one line, and the
+    fold's warnings, which name what stayed in the graph (a report written before them names
+    the kept norms here)."""
     norms = report.fold.get("norms", [])
+    warnings = report.fold.get("warnings")
     kept = [n["name"] for n in norms if n["action"] == "scale_shift"]
     line = f"{len(norms)} offline norms"
     if not kept:
@@ -125,11 +128,13 @@ def norms_line(report: Report) -> str:
     else:
         line += (
             f": {len(norms) - len(kept)} folded into the weights, {len(kept)} kept as one "
-            f"per-channel Mul + Add, integer on every target ({', '.join(kept)})"
+            "per-channel Mul + Add, integer on every target"
         )
+        if warnings is None:
+            line += f" ({', '.join(kept)})"
     if not report.fold.get("fully_integer", True):
         line += "; online norms left: NOT fully integer"
-    return line + "".join(f"; WARNING: {w}" for w in report.fold.get("warnings", []))
+    return line + "".join(f"; WARNING: {warning}" for warning in warnings or [])
 
 
 def inputs_line(target: TargetReport) -> str:

@@ -148,7 +148,31 @@ def test_a_model_with_nothing_folded_is_warned_about(tmp_path: Path, source: str
     assert report.norms == ()
     assert report.warnings and "no offline norm found" in report.warnings[0]
     assert "WARNING: no offline norm found" in str(report)
-    assert report.as_dict()["warnings"] == list(report.warnings) or report.as_dict()["warnings"]
+    assert tuple(report.as_dict()["warnings"]) == report.warnings
+
+
+def test_a_conversion_with_nothing_folded_says_so_in_its_summary_and_report(
+    tmp_path: Path,
+) -> None:
+    """Through the pipeline: the summary's norms line and report.md carry the fold's warning
+    (before: "0 offline norms", exit 0, nothing else)."""
+    from quant.pipeline import convert
+    from quant.summary import norms_line
+    from quant.targets import PROFILES
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    source = _onnx(model, torch.randn(2, 4), tmp_path / "plain.onnx", True)
+    inputs = np.random.default_rng(0).standard_normal((128, 4)).astype(np.float32)
+    labels = model(torch.from_numpy(inputs)).argmax(1).numpy()
+    np.savez(tmp_path / "calib.npz", inputs=inputs)
+    np.savez(tmp_path / "eval.npz", inputs=inputs, labels=labels)
+    report = convert(
+        source, targets=[PROFILES["cpu"]], calib=tmp_path / "calib.npz",
+        eval=tmp_path / "eval.npz", out_dir=tmp_path / "out", latency_runs=3,
+    )  # fmt: skip
+    assert "0 offline norms; WARNING: no offline norm found, nothing folded" in norms_line(report)
+    assert "WARNING: no offline norm found" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_our_own_norm_written_in_the_authors_layout_folds(tmp_path: Path) -> None:
