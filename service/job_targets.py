@@ -355,19 +355,27 @@ def mark_report_sent(session: Session, claim: Claim) -> None:
 def reports_due(session: Session, lease_s: float, resend_s: float) -> list[Claim]:
     """Runs whose targets all ended and whose report nobody is assembling, to be sent again:
     their last target's worker died before it sent the report's task (it has a lease to), or
-    the report's worker died. A report sent (``mark_report_sent``) may be waiting behind other
-    steps at the broker: it is sent again only ``resend_s`` later (each copy is a task for a
-    worker, and copies sent faster than the workers dismiss them would pile up)."""
+    the report's worker died (sent again once its heartbeat is past the lease, a copy at most
+    once a lease). A report sent (``mark_report_sent``) may be waiting behind other steps at
+    the broker: it is sent again only ``resend_s`` later (each copy is a task for a worker, and
+    copies sent faster than the workers dismiss them would pile up), or sooner when a worker
+    idles meanwhile or its worker died holding it (``service.lost_steps``)."""
     of_run = and_(JobTarget.job_id == Job.id, JobTarget.run == Job.attempts)
     unended = exists().where(of_run, JobTarget.state != ENDED)
     just_ended = exists().where(of_run, JobTarget.updated_at >= stale_before(lease_s))
-    stale = and_(Job.phase == REPORT, Job.heartbeat_at < stale_before(lease_s))
     unsent = Job.dispatched_at.is_(None) | (Job.dispatched_at < stale_before(resend_s))
+    # a report whose worker went silent: sent again at once (its copy, if any, a lease later)
+    stale = and_(
+        Job.phase == REPORT,
+        Job.heartbeat_at < stale_before(lease_s),
+        Job.dispatched_at.is_(None) | (Job.dispatched_at < stale_before(lease_s)),
+    )
     rows = session.execute(
         select(Job.id, Job.attempts).where(
-            Job.state == "running", (Job.phase == TARGETS) | stale, ~unended, ~just_ended, unsent
+            Job.state == "running", and_(Job.phase == TARGETS, unsent) | stale, ~unended,
+            ~just_ended,
         )
-    )
+    )  # fmt: skip
     return [Claim(job_id, run) for job_id, run in rows]
 
 

@@ -1,7 +1,7 @@
 """Job and token records (SQLAlchemy 2) and their Alembic migrations."""
 
 from .migrate import upgrade
-from .models import Base, Job, JobStage, JobTarget, Token
+from .models import Base, Job, JobStage, JobTarget, Token, Worker
 from .session import get_engine, ping, session_factory, session_scope
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "JobStage",
     "JobTarget",
     "Token",
+    "Worker",
     "get_engine",
     "ping",
     "session_factory",

@@ -1,5 +1,5 @@
-"""Database tables: API tokens, conversion jobs, their targets (Celery mode) and the time each
-job spent in each stage.
+"""Database tables: API tokens, conversion jobs, their targets and the workers (Celery mode) and
+the time each job spent in each stage.
 
 These are storage records, kept apart from the API's pydantic schemas (service.schemas):
 the wire format can change without a migration and the reverse.
@@ -146,6 +146,23 @@ class JobTarget(Base):
         UniqueConstraint("job_id", "run", "name", name="uq_job_targets_job_run_name"),
         Index("ix_job_targets_state", "state"),
     )
+
+
+class Worker(Base):
+    """Celery mode: one ``edge-un worker`` process, as it last said (every ``heartbeat_s``, and
+    at once when a message reaches it): what it holds (its tasks received, waiting or running,
+    as ``[task name, args]``) and since when it holds nothing. A worker whose record went stale
+    for longer than the lease is dead: the API sends again each step it held that had not
+    started (a step that started has its own heartbeat), without waiting for the broker to
+    give its unacknowledged message back (``service.lost_steps``)."""
+
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)  # hostname:pid
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    idle_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    held: Mapped[list] = mapped_column(JSON, default=list)
 
 
 class JobStage(Base):

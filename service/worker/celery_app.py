@@ -23,6 +23,7 @@ from ..db import upgrade
 from ..db.session import dispose_engines
 from ..settings import Settings
 from .celery_dispatch import QUEUE_NAME
+from .celery_presence import install as keep_worker_record
 from .celery_tasks import register
 from .job_process import limit_threads, preload
 
@@ -104,6 +105,7 @@ def run_worker(
     dispose_engines()  # pool processes open their own connections
     limit_threads(settings)  # before torch loads
     preload()
+    keep_worker_record(settings)  # its liveness, beyond each task's (service.workers)
     argv = [
         "worker",
         f"--concurrency={concurrency or settings.workers}",

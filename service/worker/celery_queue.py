@@ -6,7 +6,11 @@ records when (``dispatched_at``); a publish that fails leaves the job queued and
 and the reconciler thread sends it again. Every ``heartbeat_s`` the reconciler also queues
 again (or fails, after ``max_attempts``) what a dead worker left: a run's first step or a
 target whose heartbeat stopped, sends what could not be sent (targets, reports whose last
-target's worker died), and fails a run past its time limit that no worker is there to stop. At
+target's worker died), sends again what was sent but will not start (``service.lost_steps``: a
+step a dead worker had received, one the broker lost while a worker idled), and fails a run
+past its time limit that no worker is there to stop. Nothing waits on the broker's visibility
+timeout (``celery_app.redelivery_s``, half an hour): a late original message finds its step
+claimed or done and exits. At
 start-up every queued job and target is sent again, whatever the broker kept: an API that died
 between recording a job and sending it, or a broker that lost its data, loses nothing.
 Duplicate messages are harmless (each step is claimed by one conditional UPDATE).
@@ -20,7 +24,7 @@ import time
 
 from kombu.utils.url import maybe_sanitize_url
 
-from .. import job_targets, jobs
+from .. import job_targets, jobs, lost_steps
 from ..db import session_scope
 from ..jobs import Claim
 from ..settings import Settings
@@ -147,17 +151,27 @@ class CeleryQueue:
                 jobs.fail(session, claim, timeout_message(settings))
             # a report sent waits at the broker as a dead worker's message would, no longer
             due = job_targets.reports_due(session, lease, redelivery_s(settings))
+            # sent but never to start: a dead worker held them, or no worker will get them
+            resend, dead = lost_steps.of_dead_workers(session, lease)
+            resend.add(lost_steps.stranded(session, lease))
+        if dead or resend:
+            log.warning(
+                "worker(s) lost: %s; sending again %d start(s), %d target(s), %d report(s) "
+                "that no worker will start", ", ".join(dead) or "none", len(resend.starts),
+                len(resend.targets), len(resend.reports),
+            )  # fmt: skip
         if requeued or failed or lost or ended:
             log.warning(
                 "steps whose worker was lost: %d job(s) queued again, %d failed; %d target(s) "
                 "queued again, %d failed", len(requeued), len(failed), len(lost), ended,
             )  # fmt: skip
-        for job_id in [*requeued, *undispatched]:
+        for job_id in dict.fromkeys([*requeued, *undispatched, *resend.starts]):
             if not self._send(job_id):
                 break  # the broker is away: try the rest next time
-        if lost or unsent:
-            self._send_targets([*lost, *unsent])
-        for claim in due:
+        targets = list(dict.fromkeys([*lost, *unsent, *resend.targets]))
+        if targets:
+            self._send_targets(targets)
+        for claim in dict.fromkeys([*due, *resend.reports]):
             self._send_report(claim)
         self._clean_cancelled()
 

@@ -15,7 +15,12 @@ worker and run again into the same crash.
 
 Beside a running step, a watchdog thread writes its heartbeat every ``heartbeat_s``; a step
 whose heartbeat stops (its worker was killed) is taken over after the lease by the redelivered
-message or by the API's reconciler (``service.worker.celery_queue``), whichever comes first.
+message or by the API's reconciler (``service.worker.celery_queue``), whichever comes first. A
+step received but not started has no heartbeat: the worker's own record
+(``celery_presence``) says it holds it, and the reconciler sends it again once that record went
+stale (``service.lost_steps``). A watchdog that could not write a beat for a lease less one
+beat stops its step itself: past the lease another worker may take it over, and a step never
+runs twice at once.
 The same thread stops the step when its job was cancelled or ran past ``job_timeout_s`` (counted
 from when the run started; Celery's hard time limit stays as the backstop).
 """
@@ -321,11 +326,28 @@ class Watchdog(threading.Thread):
         self.join(timeout=10)
 
     def run(self) -> None:
-        while not self._done.wait(self.settings.heartbeat_s):
+        beat_s, last_beat = self.settings.heartbeat_s, time.monotonic()
+        wait = beat_s
+        while not self._done.wait(wait):
             try:
                 self._beat()
-            except Exception:  # a database hiccup: the next beat tries again
+            except Exception:  # a database hiccup: try again soon
                 log.exception("heartbeat of job %s failed", self.job_id)
+                wait = beat_s / 4
+                self._fence(time.monotonic() - last_beat)
+            else:
+                last_beat, wait = time.monotonic(), beat_s
+
+    def _fence(self, silent_s: float) -> None:
+        """Stop the step before its lease can run out: past the lease, the reconciler or a
+        redelivered message takes it over, and it must never run twice at once (a target's
+        files, a report's publication). A beat short of the lease is the margin."""
+        if silent_s > self.settings.lease_s - self.settings.heartbeat_s:
+            log.error(
+                "job %s: no heartbeat written for %.1f s; stopping this step before another "
+                "worker takes it over", self.job_id, silent_s,
+            )  # fmt: skip
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _beat(self) -> None:
         with session_scope(self.settings) as session:

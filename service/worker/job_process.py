@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from converters.progress import ProgressEvent
@@ -141,9 +142,14 @@ class ProgressRecorder:
             self.stage, self.stage_started = event.stage, now
         if event.label != self.last_label or now - self.last_write >= self.interval:
             self.last_label, self.last_write = event.label, now
-            # False when cancelled meanwhile: nothing to do, the queue kills this process
-            with session_scope(self.settings) as session:
-                self.record(session, event)
+            # False when cancelled meanwhile: nothing to do, the queue kills this process.
+            # A database away (restarting) loses a progress line, not the conversion: the
+            # heartbeat, not this, says whether the step still runs.
+            try:
+                with session_scope(self.settings) as session:
+                    self.record(session, event)
+            except (OperationalError, InterfaceError) as error:
+                log.warning("progress not recorded (the database is away): %s", error)
 
     def finish(self) -> list[tuple[str, float]]:
         if self.stage not in (None, "done"):  # "done" is the end marker, not a stage
