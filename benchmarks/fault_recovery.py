@@ -282,9 +282,10 @@ def markdown(results: dict[str, Any]) -> str:
         f"at a random moment of each (what the killed workers held: "
         f"{', '.join(f'{k} {v}' for k, v in sorted(held.items()))}): "
         f"**{succeeded} of {len(jobs)} jobs succeeded, {stuck} lost or stuck, "
-        f"{results['duplicate_builds']} targets built twice**; the run's makespan exceeded an "
-        f"undisturbed run's ({results['undisturbed_makespan_s']:.1f} s) by "
-        f"{statistics.median(extra):.1f} s in the median, {max(extra):.1f} s at most. Every "
+        f"{results['duplicate_builds']} targets built twice**; each run's makespan less one "
+        f"undisturbed run's ({results['undisturbed_makespan_s']:.1f} s): median "
+        f"{statistics.median(extra):.1f} s, at most {max(extra):.1f} s (against a single "
+        "reference run on a shared host: a bound on the delay, not a timing). Every "
         f"job's artifacts (sha256) equal an undisturbed run's: "
         f"{'yes' if results['same_artifacts'] else '**no**'}.",
         "",
