@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import and_, exists, func, select, update
+from sqlalchemy import ColumnElement, Exists, and_, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from converters.progress import ProgressEvent
@@ -360,9 +360,7 @@ def reports_due(session: Session, lease_s: float, resend_s: float) -> list[Claim
     the broker: it is sent again only ``resend_s`` later (each copy is a task for a worker, and
     copies sent faster than the workers dismiss them would pile up), or sooner when a worker
     idles meanwhile or its worker died holding it (``service.lost_steps``)."""
-    of_run = and_(JobTarget.job_id == Job.id, JobTarget.run == Job.attempts)
-    unended = exists().where(of_run, JobTarget.state != ENDED)
-    just_ended = exists().where(of_run, JobTarget.updated_at >= stale_before(lease_s))
+    just_ended = exists().where(_of_run(), JobTarget.updated_at >= stale_before(lease_s))
     unsent = Job.dispatched_at.is_(None) | (Job.dispatched_at < stale_before(resend_s))
     # a report whose worker went silent: sent again at once (its copy, if any, a lease later)
     stale = and_(
@@ -372,8 +370,8 @@ def reports_due(session: Session, lease_s: float, resend_s: float) -> list[Claim
     )
     rows = session.execute(
         select(Job.id, Job.attempts).where(
-            Job.state == "running", and_(Job.phase == TARGETS, unsent) | stale, ~unended,
-            ~just_ended,
+            Job.state == "running", and_(Job.phase == TARGETS, unsent) | stale,
+            ~run_unended(), ~just_ended,
         )
     )  # fmt: skip
     return [Claim(job_id, run) for job_id, run in rows]
@@ -390,3 +388,12 @@ def overdue(session: Session, timeout_s: float, grace_s: float) -> list[Claim]:
         )
     )
     return [Claim(job_id, run) for job_id, run in rows]
+
+
+def run_unended() -> Exists:
+    """SQL: the job's current run has a target that has not ended (its report is not due)."""
+    return exists().where(_of_run(), JobTarget.state != ENDED)
+
+
+def _of_run() -> ColumnElement[bool]:
+    return and_(JobTarget.job_id == Job.id, JobTarget.run == Job.attempts)

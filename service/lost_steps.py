@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import and_, exists, select
+from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 
 from . import workers
 from .db import Job, JobTarget
-from .job_targets import ENDED, QUEUED, TARGETS, Step
+from .job_targets import QUEUED, TARGETS, Step, run_unended
 from .jobs import Claim, stale_before
 from .worker.celery_dispatch import REPORT_TASK, START_TASK, TARGET_TASK
 from .workers import Held
@@ -79,7 +79,7 @@ def stranded(session: Session, lease_s: float) -> Resend:
     )  # fmt: skip
     reports = session.execute(
         select(Job.id, Job.attempts).where(
-            Job.state == "running", Job.phase == TARGETS, Job.dispatched_at < before, ~_unended()
+            Job.state == "running", Job.phase == TARGETS, Job.dispatched_at < before, ~run_unended()
         )
     )
     held = workers.held_by_live(session, lease_s)
@@ -88,11 +88,6 @@ def stranded(session: Session, lease_s: float) -> Resend:
         targets=[tuple(t) for t in targets if (TARGET_TASK, tuple(t)) not in held],
         reports=[Claim(i, r) for i, r in reports if (REPORT_TASK, (i, r)) not in held],
     )  # type: ignore[misc]
-
-
-def _unended():
-    of_run = and_(JobTarget.job_id == Job.id, JobTarget.run == Job.attempts)
-    return exists().where(of_run, JobTarget.state != ENDED)
 
 
 def _unstarted(session: Session, held: list[Held]) -> Resend:
@@ -117,7 +112,7 @@ def _unstarted(session: Session, held: list[Held]) -> Resend:
         elif task == REPORT_TASK and len(args) == 2:
             due = session.scalar(
                 select(Job.id).where(Job.id == args[0], Job.attempts == args[1],
-                                     Job.state == "running", Job.phase == TARGETS, ~_unended())
+                                     Job.state == "running", Job.phase == TARGETS, ~run_unended())
             )  # fmt: skip
             if due is not None:
                 resend.reports.append(Claim(*args))

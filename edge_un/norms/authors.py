@@ -69,12 +69,3 @@ def reshaped(
 def channels_of(prefix: str, shapes: Mapping[str, tuple[int, ...]]) -> int:
     return math.prod(shapes[f"{prefix}weight"])
 
-
-def from_authors_un1d(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """``state`` with every authors' UN1d's tensors renamed and reshaped to UnifiedNorm's."""
-    prefixes = authors_prefixes(set(state))
-    shapes = {name: tuple(tensor.shape) for name, tensor in state.items()}
-    return {
-        renamed(name, prefixes): reshaped(name, tensor, prefixes, shapes)
-        for name, tensor in state.items()
-    }
