@@ -34,7 +34,7 @@ CALLS, ROUNDS = 30, 5
 def build(out: Path) -> list[str]:
     """The one-op files (``<kernel>_<int8|fp32>.tflite``), made in the converter venv."""
     subprocess.run(
-        [str(toolenv.python_path()), "-m", BUILDER, str(out)],
+        [str(toolenv.ONNX2TF.python()), "-m", BUILDER, str(out)],
         cwd=ROOT,  # where that python finds the package (it has nothing of this project's)
         check=True,
         capture_output=True,

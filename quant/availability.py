@@ -1,6 +1,6 @@
 """Which targets this installation can build: the ONNX targets need ONNX Runtime, the TFLite
-ones the onnx2tf/TensorFlow environment (absent from the ``edge-un:onnx`` Docker image) and
-LiteRT, imx93 also Vela. Looks only at what is installed (nothing is imported or run), so
+ones a converter environment (litert-torch or onnx2tf; neither in the ``edge-un:onnx`` Docker
+image) and LiteRT, imx93 also Vela. Looks only at what is installed (nothing is imported or run), so
 ``edge-un targets`` and an upload's checks stay light. The CLI and the service both choose
 their default targets here and refuse a named target that cannot be built, before any work.
 """
@@ -22,12 +22,19 @@ def unavailable(profile: TargetProfile) -> str | None:
     if "onnx_qdq" in profile.artifacts and importlib.util.find_spec("onnxruntime") is None:
         return "needs ONNX Runtime: pip install 'edge-un[export]'"
     if "tflite" in profile.artifacts:
-        try:
-            toolenv.require()
-        except toolenv.ToolEnvMissingError as error:  # names the command that creates it
-            return f"{error}; the edge-un:onnx Docker image has none (use edge-un:latest)"
-        except OSError as error:  # e.g. another user's environment
-            return f"the TFLite converter environment at {toolenv.env_dir()}: {error}"
+        # either converter builds the target: litert-torch a torch source, onnx2tf any source
+        # (quant.tflite_routes); a source the installed one cannot take fails at its build
+        reasons = []
+        for env in (toolenv.LITERT_TORCH, toolenv.ONNX2TF):
+            try:
+                env.require()
+                break
+            except toolenv.ToolEnvMissingError as error:  # names the command that creates it
+                reasons.append(str(error))
+            except OSError as error:  # e.g. another user's environment
+                reasons.append(f"the {env.what} environment at {env.dir()}: {error}")
+        else:
+            return "; ".join(reasons) + "; the edge-un:onnx Docker image has none"
         if importlib.util.find_spec("ai_edge_litert") is None:
             return "needs LiteRT: pip install 'edge-un[quant]'"
     if "vela" in profile.artifacts and importlib.util.find_spec("ethosu") is None:

@@ -25,6 +25,7 @@ VNNI = frozenset({"avx512_vnni", "avx_vnni"})
 # What made or ran the artifacts: main environment, then the TFLite converter's own
 MAIN_PACKAGES = ("torch", "onnx", "onnxruntime", "ai-edge-litert", "ethos-u-vela")
 TOOL_PACKAGES = ("onnx2tf", "tensorflow")
+LITERT_PACKAGES = ("litert-torch", "ai-edge-quantizer")
 
 
 def describe_host() -> schema.Host:
@@ -114,7 +115,8 @@ def _versions() -> dict[str, str]:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "not installed"
-    tools = toolenv.installed_versions(TOOL_PACKAGES) if toolenv.is_ready() else {}
-    for name in TOOL_PACKAGES:
-        versions[name] = tools.get(name, "not installed")
+    for env, names in ((toolenv.ONNX2TF, TOOL_PACKAGES), (toolenv.LITERT_TORCH, LITERT_PACKAGES)):
+        tools = env.installed_versions(names) if env.is_ready() else {}
+        for name in names:
+            versions[name] = tools.get(name, "not installed")
     return versions

@@ -74,6 +74,8 @@ class BuildOrder(_Message):
     latency_runs: int
     shared_dir: Path
     deadline: float | None = None  # time.time() by which the build must be done (quant.deadline)
+    program: Path | None = None  # the folded torch program (Prepared.program)
+    no_program: str | None = None
 
 
 class SampleFiles(_Message):
@@ -223,6 +225,8 @@ def main(job_dir: str, fd: str) -> int:
                 latency_runs=order.latency_runs,
                 shared_dir=order.shared_dir,
                 deadline=Deadline(order.deadline),
+                program=order.program,
+                no_program=order.no_program,
             )
             result = _import(order.builder)(job)
         except Exception as error:  # the pipeline reports it as this target's one-line reason

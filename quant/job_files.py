@@ -67,6 +67,11 @@ class Prepared(_Record):
     # an .npy file: the fp32 model's outputs on the evaluation samples, every target's drift
     # reference; None when no fp32 file could be exported (every target then fails)
     fp32_outputs: Path | None
+    # the folded torch program at batch 1 (torch.export), for the TFLite targets' direct route;
+    # None for an ONNX source, when no target needs it, or when it could not be saved: then
+    # ``no_program`` says why, and those targets take the onnx2tf route
+    program: Path | None = None
+    no_program: str | None = None
 
     @property
     def calibration_dir(self) -> Path:

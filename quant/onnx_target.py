@@ -29,7 +29,6 @@ the accumulated error, which blames the softmax outputs for noise that arises up
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 import time
@@ -41,6 +40,13 @@ import onnx
 from . import report as schema
 from .deadline import NO_DEADLINE, SearchStopped, cut_note, stop_note, watching
 from .drift import Drift, kernel_gap, measure_drift, onnx_runner, tensor_sqnr
+from .fallback_ladder import (
+    ceiling_note,
+    fallback_sizes,
+    figures,
+    out_of_reach,
+    ships_before,
+)
 from .latency import onnx_latency, thread_counts
 from .ort_int8 import Preparation, prepare_once, quantize_onnx
 from .pow2_grid import GridSearch, align_streams
@@ -58,7 +64,6 @@ from .sources import Source, derived_sources, label_of, onnx_graph, onnx_sources
 from .target_job import Bars, TargetJob
 from .targets import TargetProfile
 
-FIRST_FALLBACK_STEP = 4
 KERNEL_GAP_PTS = 0.2  # exact vs host kernels: a larger gap is reported as a warning
 # What a build does after its search (the shipped file's SQNR: an fp32 and an int8 pass; the
 # host-kernel drift pass; latency; checks), in exact drift passes of the last file, which the
@@ -295,56 +300,6 @@ def _build(job: TargetJob, grid: GridSearch, preparation_dir: Path) -> schema.Ta
             for number, step in enumerate(steps, start=1)
         ],
     )
-
-
-def fallback_sizes(count: int) -> list[int]:
-    """How many of the ``count`` ranked activations each fallback step widens to int16, in the
-    order the steps run: the first FIRST_FALLBACK_STEP, then all of them, then the doubling
-    between (152 activations: 4, 152, 8, 16, 32, 64, 128)."""
-    doubling = [min(FIRST_FALLBACK_STEP, count)]
-    while doubling[-1] < count:
-        doubling.append(min(2 * doubling[-1], count))
-    return doubling[:1] + doubling[-1:] + doubling[1:-1] if len(doubling) > 2 else doubling
-
-
-def ships_before(step: Drift, size: int, best: Drift, best_size: int, bars: Bars) -> bool:
-    """Whether a fallback step's file ships rather than the best one so far (the pure int8
-    file first): within the bars before missing them; both within, the fewer int16
-    activations; both missing, the fewer samples short of the bars, then the fewer int16
-    activations. More int16 tensors are not always closer: a timm-style ViT whose cpu file
-    lost its attention scale missed by more with all 66 in int16 (93.8 %) than in pure int8
-    (94.2 %)."""
-    if step.within(bars) != best.within(bars):
-        return step.within(bars)
-    if not step.within(bars) and step.samples_short(bars) != best.samples_short(bars):
-        return step.samples_short(bars) < best.samples_short(bars)
-    return size < best_size
-
-
-def out_of_reach(ceiling: Drift, bars: Bars) -> bool:
-    """Whether a file with every ranked activation in int16 misses the bars by more than a
-    smaller set could make up. A smaller set can beat it by a few samples, those near a tie
-    that rounding settles either way (the bundled ViT at tests/test_quant_pipeline.py's 0.0 pt
-    bar, measured once: 16 activations 100 %, all 74 99.9 %, one sample apart): up to twice
-    the square root of its disagreements, the noise of a count, and at least 2. ViT-B/16's
-    random weights: 8 disagreements, 7 samples short of 99 %, out of reach."""
-    return ceiling.samples_short(bars) > max(2.0, 2.0 * math.sqrt(ceiling.disagreements))
-
-
-def ceiling_note(count: int, drift: Drift) -> str:
-    """The warning of a fallback that stopped because widening every ranked activation missed
-    the bars too."""
-    return (
-        f"the drift fallback stopped: with all {count} ranked activations in int16 the file "
-        f"still misses the drift bars ({figures(drift)}) by more than a smaller set could make "
-        "up, so none was tried; of the files measured, the one closest to the bars ships"
-    )
-
-
-def figures(drift: Drift) -> str:
-    """A file's drift in a warning: its agreement, and its drop where labels give one."""
-    drop = "" if drift.top1_drop_pts is None else f", drop {drift.top1_drop_pts:.1f} pt"
-    return f"agreement {100 * drift.agreement:.1f} %{drop}"
 
 
 def kept_recipe(trials: list[RecipeTrial], bars: Bars) -> RecipeTrial:

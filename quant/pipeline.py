@@ -197,6 +197,7 @@ def build_target(
             calibration=prepared.calibration_dir, evaluation=prepared.evaluation_dir,
             reference=prepared.fp32_outputs, latency_runs=prepared.latency_runs,
             shared_dir=prepared.work_dir / "shared", deadline=deadline,
+            program=prepared.program, no_program=prepared.no_program,
         )  # fmt: skip
         try:
             result = build_in_child(order, prepared.work_dir / "builds" / name, stage)

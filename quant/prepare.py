@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import torch
 
 from converters.attention_masks import bound_attention_masks
 from converters.pipeline import FoldedSource, export_folded, load_and_fold
@@ -103,6 +104,7 @@ def prepare(
         + ([recalibration_note(recalibration, recalibrate_batches)] if recalibration else [])
         + ([reference_note] if reference_note else [])
     )
+    program, no_program = _program(folded, profiles, work_dir)
     prepared = Prepared(
         out_dir=out_dir,
         work_dir=work_dir,
@@ -123,6 +125,8 @@ def prepare(
         exports=exports,
         export_errors=errors,
         fp32_outputs=fp32_outputs,
+        program=program,
+        no_program=no_program,
     )
     prepared.save()
     return prepared
@@ -193,6 +197,47 @@ def _export(folded: FoldedSource, out_dir: Path, opset: int, static: bool) -> Ex
         batch=batch,
         rewrites=list(rewrites.lines()),
     )
+
+
+class _Logits(torch.nn.Module):
+    """The model returning its logits alone: a program that returns a library's output class
+    (transformers' ImageClassifierOutput) cannot be loaded where that class is not registered,
+    and the targets measure the logits only (the ONNX export's output, the same rule as
+    converters.program_outputs: ``logits``, else the first tensor)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        out = self.model(*inputs)
+        logits = getattr(out, "logits", None)
+        return logits if logits is not None else torch.utils._pytree.tree_leaves(out)[0]
+
+
+def _program(
+    folded: FoldedSource, profiles: tuple[TargetProfile, ...], work_dir: Path
+) -> tuple[Path | None, str | None]:
+    """The folded program at batch 1 as a .pt2 for the TFLite targets' direct route
+    (quant.tflite_direct), or None and why not (those targets then take the onnx2tf route)."""
+    if not any("tflite" in profile.artifacts for profile in profiles):
+        return None, None
+    if folded.is_onnx:
+        return None, "an ONNX source has no torch program"
+    if folded.fixed_batch not in (None, 1):
+        return None, f"the program was exported at batch {folded.fixed_batch}, not 1"
+    path = work_dir / "program.pt2"
+    try:
+        example = tuple(a[:1] for a in folded.example)
+        with torch.no_grad():
+            plain = isinstance(folded.folded(*example), torch.Tensor)
+        # a wrapper's program names every op after it: only where the output needs one
+        module = folded.folded if plain else _Logits(folded.folded)
+        program = torch.export.export(module, example)
+        torch.export.save(program, str(path))
+    except Exception as error:
+        return None, f"the folded program could not be saved for LiteRT: {one_line(error)}"
+    return path, None
 
 
 def input_specs(folded: FoldedSource) -> tuple[InputSpec, ...]:

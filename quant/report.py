@@ -275,6 +275,16 @@ class TargetHeader(_Model):
     error: str | None = None
 
 
+class TfliteRoute(_Model):
+    """Which converter made a TFLite target's files, and why that one."""
+
+    name: Literal["litert-torch", "onnx2tf"] = Field(
+        description="litert-torch: the folded torch program straight to LiteRT, quantized by "
+        "ai-edge-quantizer; onnx2tf: the fp32 ONNX file through TensorFlow's converter"
+    )
+    reason: str = Field(description="why this route: the default for the source, or why not")
+
+
 class TargetResult(_Model):
     """What a target's builder made and measured (``quant.onnx_target``,
     ``quant.tflite_target``); it crosses from the builder's process to the pipeline's as is."""
@@ -332,6 +342,7 @@ class TargetResult(_Model):
         "converter's quantization and the new one (or why it was left)",
     )
     excluded: list[Exclusion] = []
+    tflite_route: TfliteRoute | None = None
     vela: Vela | None = None
     vela_pure_int8: Vela | None = Field(
         default=None, description="the pure int8 file's Vela figures, when 16x8 was shipped"

@@ -41,3 +41,6 @@ class TargetJob:
     latency_runs: int
     shared_dir: Path | None = None
     deadline: Deadline = NO_DEADLINE
+    # the folded torch program for the TFLite direct route, or why there is none
+    program: Path | None = None
+    no_program: str | None = None

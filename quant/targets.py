@@ -17,7 +17,7 @@ from .errors import UnknownTargetError
 ArtifactKind = Literal["onnx_qdq", "tflite", "vela"]
 ActivationType = Literal["int8", "uint8"]
 WeightType = Literal["int8", "uint8"]
-Fallback = Literal["int16_tensors", "int16_model", "none"]
+Fallback = Literal["int16_tensors", "int16_ops", "int16_model", "none"]
 
 
 # Ops Vela 5.2 places on Ethos-U65 for int8 graphs (subset this project's models use; Vela's
@@ -115,6 +115,10 @@ class TargetProfile:
     # with power_of_two_scales: how many powers of two each scale's search weighs, from the
     # ceiling of its MinMax scale down (quant.pow2_scales; 2: the two around the MinMax scale)
     power_of_two_candidates: int = 2
+    # ops the accelerator runs only with int8 inputs (Ethos-U65: Vela leaves a BATCH_MATMUL or
+    # GELU with int16 inputs to the Cortex-A55); the per-op int16 fallback never widens them
+    # (quant.tflite_mixed)
+    int8_input_ops: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.int8_ladder if name not in INT8_RECIPES]
@@ -225,6 +229,8 @@ class TargetProfile:
         rules.append(
             {
                 "int16_tensors": "drift fallback: the most sensitive tensors to 16-bit",
+                "int16_ops": "drift fallback: the fewest ops to 16-bit activations that the NPU "
+                "runs in 16 bits, then the whole model (16x8)",
                 "int16_model": "drift fallback: 16-bit activations for the whole model (16x8)",
                 "none": "no 16-bit fallback in the file: pure int8",
             }[self.fallback]
@@ -321,7 +327,8 @@ PROFILES: dict[str, TargetProfile] = {
             bias_correction=False,
             full_integer=True,
             host_kernel_drift=False,
-            fallback="int16_model",  # Ethos-U runs 16x8
+            fallback="int16_ops",  # Ethos-U runs 16x8, op by op (but BATCH_MATMUL and GELU)
+            int8_input_ops=frozenset({"BATCH_MATMUL", "GELU"}),
             gemm_linears=False,
             float_inputs=frozenset(),
             fold_factors=False,
@@ -348,7 +355,10 @@ PROFILES: dict[str, TargetProfile] = {
             bias_correction=False,
             full_integer=True,
             host_kernel_drift=False,
-            fallback="none",  # no float/int8 mixing, no int16 on the NPU path
+            # The VX delegate puts no op with an int16 output on the NPU, nor an int16 <-> int8
+            # QUANTIZE (VeriSilicon/tflite-vx-delegate op_map.cc, OpMapperBase::IsSupported;
+            # the same in NXP's fork): any int16 op would run on the Cortex-A53, so none
+            fallback="none",
             gemm_linears=False,
             float_inputs=frozenset(),
             fold_factors=False,

@@ -154,7 +154,7 @@ def convert_tflite(
     specs = _static_inputs(onnx_path)
     feeds = feed_for([spec.name for spec in specs], as_feeds(calib_inputs))
     calib = {spec.name: _check_calibration(feeds[spec.name], spec) for spec in specs}
-    env_dir = toolenv.require()
+    env_dir = toolenv.ONNX2TF.require()
     isolate = network_isolation(isolate_network)
     work_dir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
@@ -177,7 +177,7 @@ def convert_tflite(
         start = time.monotonic()
         run_tool(
             [
-                str(toolenv.python_path(env_dir)),
+                str(toolenv.ONNX2TF.python(env_dir)),
                 str(SAVED_MODEL_SCRIPT),
                 str(onnx_copy),
                 str(saved_model),
@@ -254,7 +254,7 @@ def convert_int16x8(
         return dataclasses.replace(converted, notes=(*converted.notes, blocked))
     with np.load(converted.calibration, allow_pickle=False) as archive:
         first = {name: archive[name][:1] for name in archive.files}
-    env_dir = toolenv.require()
+    env_dir = toolenv.ONNX2TF.require()
     deadline = time.monotonic() + timeout_s
     output, log = _tf_convert(
         converted.saved_model,
@@ -309,7 +309,7 @@ def _tf_convert(
     try:
         output = run_tool(
             [
-                str(toolenv.python_path(env_dir)),
+                str(toolenv.ONNX2TF.python(env_dir)),
                 str(TF_CONVERT_SCRIPT),
                 str(saved_model),
                 str(calib_file),

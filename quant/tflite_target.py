@@ -1,16 +1,16 @@
-"""A full-integer TFLite target (imx93, imx8mp): onnx2tf, LiteRT measurements, Vela.
+"""A full-integer TFLite target (imx93, imx8mp): conversion, LiteRT measurements, Vela.
 
-One conversion yields the pure int8 file, which ships unless its drift misses the bars and the
-target runs 16x8 (int8 weights, int16 activations: Ethos-U does, the i.MX 8M Plus VX delegate
-does not). Only then is the 16x8 file made, from the same saved_model: TFLite's 16-bit mode is
-all activations or none, so the fallback is one step, costed in Vela cycles and in the ops Vela
-then leaves to the CPU.
+One conversion (``quant.tflite_routes``: litert-torch from a torch program, else onnx2tf) yields
+the pure int8 file, which ships unless its drift misses the bars. Then, where the target runs
+int16 activations: first the fewest ops with int16 activations that meet the bars, within its
+NPU's rules (``quant.tflite_mixed``: direct route only), and last, every activation int16 (16x8:
+int8 weights, int16 activations), costed in Vela cycles and in the ops Vela then leaves to the
+CPU. The i.MX 8M Plus's VX delegate runs no int16 tensor on its NPU: no fallback there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import shutil
 import time
 from collections.abc import Sequence
@@ -21,6 +21,7 @@ import onnx
 from . import report as schema
 from .deadline import SearchStopped, cut_note, stop_note, watching
 from .drift import SQNR_SAMPLES, Drift, measure_drift
+from .fallback_ladder import ships_before
 from .latency import MIN_RUNS, WARMUP, Timing, thread_counts
 from .litert import (
     latency_tflite,
@@ -43,12 +44,16 @@ from .records import (
 from .rules import unsupported_ops
 from .sources import Source, derived_sources, label_of, onnx_sources, placed_ops
 from .target_job import TargetJob
-from .tflite import SAVED_MODEL_NAME as SAVED_MODEL
-from .tflite import TfliteArtifacts, convert_int16x8, convert_tflite, int16x8_blocker
+from .tflite import convert_int16x8, int16x8_blocker
+from .tflite_direct import requantize
 from .tflite_flatbuffer import OpRef, check_full_integer, inspect_tflite
+from .tflite_mixed import MIXED_NAME as MIXED
+from .tflite_mixed import mixed_ladder
+from .tflite_routes import Converted, convert_for_target
 from .tool_sandbox import TfliteConversionError
 from .vela import VelaResult, compile_vela, cpu_op_name
 
+WHOLE_MODEL = 1 << 30  # the 16x8 file's "size" in ships_before: more int16 than any op set
 # One sample of a 16x8 file in LiteRT, at least this many times one of the float32 file on the
 # builtin kernels (XNNPACK takes no int16 op, so the 16x8 file runs on those too): 3.5-4.5 for
 # the bundled ViTs and ViT-B/16 (benchmarks/results/litert_16x8.md). The int8 file is no guide:
@@ -64,42 +69,51 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     """What a TFLite target made and measured; its files go to ``target_dir``."""
     profile, bars, stage = job.profile, job.bars, job.stage
     target_dir, out_dir = job.target_dir, job.out_dir
-    stage("convert", 0.05, "onnx2tf + TFLite converter")
+    stage("convert", 0.05, "LiteRT converter")
     work = target_dir / "work"
-    converted = _converted(job, work)
+    converted = convert_for_target(job, work)
     int8 = _keep(converted.int8, target_dir / "model_int8.tflite")
     check_full_integer(inspect_tflite(int8), io_dtype="int8")
     stage("drift", 0.45, "LiteRT")
     started = time.monotonic()
     pure = _drift(int8, job)
-    # what the build runs after a 16x8 file's own runs: about a conversion and a drift pass
+    # what the build runs after a wider file's own runs: about a conversion and a drift pass
     step_s = converted.quantize_s + time.monotonic() - started
     shipped, drift, excluded, vela_pure, stopped = int8, pure, [], None, []
-    if profile.fallback == "int16_model" and not pure.within(bars):
-        if (blocked := int16x8_blocker(converted)) is not None:
-            stopped.append(f"no 16x8 fallback: {blocked}")
-        elif wide_fits(converted, job, step_s, stopped):
-            stage("fallback", 0.5, "16x8: TFLite converter")
-            converted = _with_int16x8(converted, job)
-            if converted.int16x8 is None:
-                stopped.append(f"no 16x8 fallback: {converted.notes[-1]}")
+    if profile.fallback == "int16_ops" and not pure.within(bars):
+        if converted.direct is None:
+            stopped.append("no per-op int16 fallback on the onnx2tf route: 16x8 next")
+        else:
+            measure = lambda path: _drift(path, job)  # noqa: E731
+            mixed = mixed_ladder(converted.direct, int8, job, pure, measure, stopped)
+            excluded.extend(mixed.steps)
+            if mixed.file is not None:
+                shipped, drift = mixed.file, mixed.drift
+    wide_allowed = profile.fallback in ("int16_model", "int16_ops")
+    wide_file: Path | None = None
+    wanted = wide_allowed and not drift.within(bars) and not _out_of_time(stopped)
+    if wanted and wide_fits(converted, job, step_s, stopped):
+        stage("fallback", 0.5, "16x8: every activation int16")
+        wide_file = _wide(converted, job, target_dir / "model_16x8.tflite", stopped)
     wide: Drift | None = None
-    if converted.int16x8 is not None:
-        wide_file = _keep(converted.int16x8, target_dir / "model_16x8.tflite")
+    if wide_file is not None:
         check_full_integer(inspect_tflite(wide_file), io_dtype=None)
         wide = wide_drift(wide_file, job, step_s, stopped)
         if wide is None:
             wide_file.unlink()
     if wide is not None:
-        if wide.agreement > pure.agreement:
+        if ships_before(wide, WHOLE_MODEL, drift, _int16_count(shipped, int8), bars):
             if "vela" in profile.artifacts:  # the pure file's figures, to cost the fallback
                 stage("Vela", 0.55, "pure int8, for the cost")
                 vela_pure = compile_vela(int8, work / "vela_int8")
-            excluded.append(_exclusion(wide))
+            excluded.append(_exclusion(wide, len(excluded) + 1))
+            if shipped != int8:
+                shipped.unlink()
             shipped, drift = wide_file, wide
-            int8.unlink()
         else:
             wide_file.unlink()
+    if shipped != int8:
+        int8.unlink()
     name = shipped.relative_to(out_dir).as_posix()
     stage("per-tensor SQNR", 0.6)
     sources = tflite_sources(shipped, converted.tensor_map, job.fp32_path)
@@ -113,11 +127,11 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
         )
         for tensor, op, db in _sqnr(shipped, converted.float32, job)
     ][:WORST_LAYERS]
-    description = (
-        "16x8 TFLite: int8 weights, int16 activations (drift fallback)"
-        if shipped != int8
-        else "full-int8 TFLite: int8 weights and activations, int8 input and output"
-    )
+    description = {
+        "model_16x8.tflite": "16x8 TFLite: int8 weights, int16 activations (drift fallback)",
+        "model_mixed.tflite": "TFLite, int8 weights, int8 activations but for the ops the drift "
+        "fallback gave int16 activations; int8 input and output",
+    }.get(shipped.name, "full-int8 TFLite: int8 weights and activations, int8 input and output")
     artifacts = [artifact_record(shipped, out_dir, "tflite", description)]
     fallback_ops = unsupported_ops(inspect_tflite(shipped).ops, profile)
     vela_record = vela_pure_record = vela_cpu_ops = None
@@ -132,7 +146,7 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
         fallback_ops = [cpu_op_name(op) for op in vela_cpu_ops]
         if vela_pure is not None:
             vela_pure_record = _vela_record(vela_pure)
-            excluded[0] = excluded[0].model_copy(update={"est_cost": _vela_cost(vela, vela_pure)})
+            excluded[-1] = excluded[-1].model_copy(update={"est_cost": _vela_cost(vela, vela_pure)})
     shutil.rmtree(work, ignore_errors=True)
     stage("latency", 0.85, "LiteRT")
     return schema.TargetResult(
@@ -152,6 +166,8 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
             else []
         ),
         excluded=excluded,
+        int16_tensors=list(inspect_tflite(shipped).int16_tensors) if shipped.name == MIXED else [],
+        tflite_route=converted.route,
         warnings=stopped,
         vela=vela_record,
         vela_pure_int8=vela_pure_record,
@@ -194,34 +210,7 @@ def fallback_sources(
     ]
 
 
-def _converted(job: TargetJob, work: Path) -> TfliteArtifacts:
-    """onnx2tf and TensorFlow's converter, once per fp32 file and conversion: every TFLite
-    target takes the same files from the same calibration data (their rules apply after), so
-    the second target copies the first one's (the slowest step, ~15-20 s for a small ViT).
-    Targets of one job may build at once (on Celery workers sharing the job's directory): the
-    first takes a lock on the file system and converts, the others wait for it and copy; a
-    build killed while converting releases the lock and leaves no record, so the next one
-    converts again."""
-    if job.shared_dir is None:
-        return convert_tflite(job.fp32_path, job.calibration.feeds, work)
-    cached = job.shared_dir / "tflite" / job.fp32_path.stem
-    record = cached / "artifacts.json"
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    with (cached.parent / f"{cached.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
-        if not record.is_file():
-            shutil.rmtree(cached, ignore_errors=True)  # what a killed conversion left
-            converted = convert_tflite(job.fp32_path, job.calibration.feeds, cached)
-            record.write_text(converted.to_json())
-    # the saved_model (hundreds of MB for a BERT-base) is only read, for a 16x8 file made later
-    shutil.copytree(cached, work, dirs_exist_ok=True, ignore=shutil.ignore_patterns(SAVED_MODEL))
-    converted = TfliteArtifacts.from_json(record.read_text(), work)
-    return dataclasses.replace(converted, saved_model=cached / SAVED_MODEL)
-
-
-def wide_fits(
-    converted: TfliteArtifacts, job: TargetJob, rest_s: float, stopped: list[str]
-) -> bool:
+def wide_fits(converted: Converted, job: TargetJob, rest_s: float, stopped: list[str]) -> bool:
     """Whether the 16x8 file can be made and measured in the job's time, costed before
     TensorFlow converts it: a conversion as long as the int8 file's, then a drift pass and the
     runs after it at ``WIDE_PER_FLOAT_SAMPLE`` times one float32 sample on the builtin kernels,
@@ -250,13 +239,34 @@ def _builtin_sample_s(path: Path, job: TargetJob) -> float:
     return time.monotonic() - started
 
 
-def _with_int16x8(converted: TfliteArtifacts, job: TargetJob) -> TfliteArtifacts:
-    """The 16x8 file made now, in the job's time; a conversion that fails is a note, not the
-    target's failure: the int8 file is still there to ship."""
+def _wide(converted: Converted, job: TargetJob, out: Path, stopped: list[str]) -> Path | None:
+    """The 16x8 file (every activation int16) made now, in the job's time, by the route that
+    made the int8 one; a conversion that fails is a note in ``stopped``, not the target's
+    failure: the int8 file is still there to ship."""
+    timeout_s = min(job.deadline.left(), 900)
     try:
-        return convert_int16x8(converted, timeout_s=min(job.deadline.left(), 900))
+        if converted.direct is not None:
+            return requantize(converted.direct, out, all_int16=True, timeout_s=timeout_s)
+        if (blocked := int16x8_blocker(converted.onnx2tf)) is not None:
+            stopped.append(f"no 16x8 fallback: {blocked}")
+            return None
+        made = convert_int16x8(converted.onnx2tf, timeout_s=timeout_s)
     except TfliteConversionError as exc:
-        return dataclasses.replace(converted, notes=(*converted.notes, str(exc)))
+        stopped.append(f"no 16x8 fallback: {exc}")
+        return None
+    if made.int16x8 is None:
+        stopped.append(f"no 16x8 fallback: {made.notes[-1]}")
+        return None
+    return _keep(made.int16x8, out)
+
+
+def _out_of_time(stopped: list[str]) -> bool:
+    """Whether the per-op fallback already stopped for the deadline (16x8 would cost more)."""
+    return any("would not end in the time left" in note for note in stopped)
+
+
+def _int16_count(shipped: Path, int8: Path) -> int:
+    return 0 if shipped == int8 else len(inspect_tflite(shipped).int16_tensors)
 
 
 # Each LiteRT measurement below is made once per job for a file (quant.measured_once): imx8mp
@@ -322,9 +332,9 @@ def _keep(produced: Path, destination: Path) -> Path:
     return destination
 
 
-def _exclusion(wide: Drift) -> schema.Exclusion:
+def _exclusion(wide: Drift, step: int) -> schema.Exclusion:
     return schema.Exclusion(
-        step=1,
+        step=step,
         action="16-bit activations for the whole model (16x8: int8 weights, int16 activations)",
         tensors=["all activations"],
         top1_drop_pts=wide.top1_drop_pts,

@@ -1,4 +1,4 @@
-"""Running one step of the TFLite converter's tool environment (``quant.toolenv``) as a sandboxed
+"""Running one step of a converter's tool environment (``quant.toolenv``) as a sandboxed
 subprocess: a deadline, a log of everything it printed, and one line that says why it failed.
 
 The subprocess gets a scratch working directory, a minimal environment (tool env first on PATH,
@@ -18,8 +18,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import toolenv
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _GLOG = re.compile(r"^[IWEF]\d{4} ")  # TensorFlow's C++ log lines: noise for a one-line error
 
@@ -36,7 +34,7 @@ def strip_ansi(text: str) -> str:
 def _tool_environment(env_dir: Path, scratch: Path) -> dict[str, str]:
     """A minimal environment: nothing of the caller's (proxies, PYTHONPATH, CUDA) leaks in."""
     return {
-        "PATH": f"{toolenv.bin_dir(env_dir)}:/usr/bin:/bin",
+        "PATH": f"{env_dir / 'bin'}:/usr/bin:/bin",
         "HOME": str(scratch),  # keras and TF write config/cache under HOME
         "TMPDIR": str(scratch),
         "LANG": "C.UTF-8",

@@ -22,7 +22,7 @@ import torch
 
 from converters import export_onnx, fold_norms
 from quant.drift import Drift
-from quant.onnx_target import ships_before
+from quant.fallback_ladder import ships_before
 from quant.ort_graph import linear_as_gemm
 from quant.residual_streams import find_streams, scale_stream
 from quant.targets import PROFILES, Bars

@@ -122,7 +122,7 @@ def test_targets_says_which_targets_this_installation_can_build(tmp_path: Path) 
 def test_targets_with_the_tflite_env_can_build_every_target() -> None:
     from quant import toolenv
 
-    if not toolenv.is_ready():
+    if not toolenv.ONNX2TF.is_ready():
         pytest.skip("this installation has no TFLite converter environment")
     result = run_cli("targets")
     assert result.returncode == 0, result.stderr
@@ -139,6 +139,7 @@ def test_convert_defaults_to_the_targets_this_installation_can_build(
         return [profile.name for profile in convert.targets_here(spec)]
 
     monkeypatch.setenv("EDGE_UN_TFLITE_ENV", str(tmp_path / "no-tflite-env"))
+    monkeypatch.setenv("EDGE_UN_LITERT_TORCH_ENV", str(tmp_path / "no-litert-env"))
     assert names(None) == ["cpu", "tda4vm"]
     note = capsys.readouterr().err.strip()
     assert note.startswith("targets: cpu, tda4vm (not imx93, imx8mp: the TFLite converter"), note
@@ -171,9 +172,10 @@ def test_the_service_defaults_to_the_targets_this_installation_can_build(
     def names(text: str | None) -> list[str]:
         return [profile.name for profile in intake.parse_targets(text)]
 
-    if toolenv.is_ready():
+    if toolenv.ONNX2TF.is_ready():
         assert names(None) == ["cpu", "imx93", "imx8mp", "tda4vm"]
     monkeypatch.setenv("EDGE_UN_TFLITE_ENV", str(tmp_path / "no-tflite-env"))
+    monkeypatch.setenv("EDGE_UN_LITERT_TORCH_ENV", str(tmp_path / "no-litert-env"))
     assert names(None) == names("all") == ["cpu", "tda4vm"]
     with pytest.raises(UploadRejected) as refused:
         intake.parse_targets("cpu, imx8mp")

@@ -11,7 +11,7 @@ import torch
 from converters import export_onnx, fold_norms
 from edge_un.models import VisionTransformer
 from quant.drift import Drift
-from quant.onnx_target import fallback_sizes, out_of_reach
+from quant.fallback_ladder import fallback_sizes, out_of_reach
 from quant.pipeline import convert
 from quant.targets import PROFILES, Bars
 

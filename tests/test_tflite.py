@@ -156,7 +156,7 @@ def test_the_float32_file_is_the_float_model_the_int8_conversion_quantized(
     alone = tmp_path / "alone.tflite"
     subprocess.run(
         [
-            str(toolenv.python_path(toolenv.require())),
+            str(toolenv.ONNX2TF.python(toolenv.ONNX2TF.require())),
             str(tflite.TF_CONVERT_SCRIPT),
             str(artifacts.saved_model),
             str(artifacts.calibration),
@@ -373,12 +373,12 @@ def test_missing_tool_env_is_one_clear_line(
     rgb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     onnx_path, calib, _ = rgb
-    monkeypatch.setenv(toolenv.ENV_VAR, str(tmp_path / "nowhere"))
+    monkeypatch.setenv(toolenv.ONNX2TF.env_var, str(tmp_path / "nowhere"))
     with pytest.raises(toolenv.ToolEnvMissingError) as missing:
         convert_tflite(onnx_path, calib, tmp_path / "out")
     assert str(missing.value) == (
-        f"the TFLite converter environment is missing at {tmp_path / 'nowhere'}: "
-        "run `python -m quant.toolenv` (or bash .ci/install)"
+        "the ONNX -> TFLite converter (onnx2tf, TensorFlow) environment is missing at "
+        f"{tmp_path / 'nowhere'}: run `python -m quant.toolenv onnx2tf`"
     )
 
 
@@ -401,19 +401,19 @@ def test_tool_env_built_from_other_pins_is_not_used(
     (env / "bin").mkdir(parents=True)
     (env / "bin" / "python").touch()
     (env / toolenv.MARKER).write_text('{"pins_hash": "an-older-set"}')
-    monkeypatch.setenv(toolenv.ENV_VAR, str(env))
-    assert not toolenv.is_ready()
+    monkeypatch.setenv(toolenv.ONNX2TF.env_var, str(env))
+    assert not toolenv.ONNX2TF.is_ready()
     with pytest.raises(toolenv.ToolEnvMissingError, match="built from other pins"):
-        toolenv.require()
+        toolenv.ONNX2TF.require()
 
 
 def test_tool_env_never_deletes_a_directory_that_is_not_a_venv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "precious.txt").write_text("not a venv")
-    monkeypatch.setenv(toolenv.ENV_VAR, str(tmp_path))
+    monkeypatch.setenv(toolenv.ONNX2TF.env_var, str(tmp_path))
     with pytest.raises(toolenv.ToolEnvError, match="is not a virtual environment"):
-        toolenv.ensure()
+        toolenv.ONNX2TF.ensure()
     assert (tmp_path / "precious.txt").is_file()
 
 

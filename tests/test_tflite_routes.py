@@ -1,0 +1,143 @@
+"""The TFLite targets' two routes: litert-torch from the folded torch program (the default for a
+torch source), onnx2tf for an ONNX upload and when the direct route fails, with the failed tool's
+log kept where the error says."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_un import examples
+from quant.data import Samples
+from quant.tflite_depthwise import depthwise_as_conv
+from quant.tflite_direct import convert_direct
+from quant.tflite_flatbuffer import check_full_integer, inspect_tflite
+from quant.tflite_routes import _keep_logs
+from quant.tool_sandbox import TfliteConversionError
+
+
+def test_a_torch_source_takes_the_direct_route_full_int8_and_all_on_the_npu(
+    tmp_path: Path,
+) -> None:
+    """The bundled ViT on imx93: litert-torch makes a full-int8 file (int8 I/O, no float op)
+    within the bars, and Vela places every op on the NPU (its 4x4 stride-4 patch embedding
+    written back from DEPTHWISE_CONV_2D as the CONV_2D it is)."""
+    from quant.pipeline import convert
+
+    out = tmp_path / "out"
+    report = convert(examples.path("vit-mnist-ln-to-un"), targets="imx93", out_dir=out,
+                     latency_runs=3)  # fmt: skip
+    imx93 = report.targets["imx93"]
+    assert imx93.status == "ok", imx93.error
+    assert imx93.tflite_route.name == "litert-torch"
+    assert imx93.drift.agreement >= 0.99 and imx93.drift.within_bar
+    shipped = out / "imx93" / "model_int8.tflite"
+    info = inspect_tflite(shipped)
+    check_full_integer(info, io_dtype="int8")
+    assert "DEPTHWISE_CONV_2D" not in info.op_histogram and info.op_histogram["CONV_2D"] == 1
+    assert imx93.vela.cpu_ops == [] and imx93.fallback_ops == []
+
+
+def test_an_onnx_source_takes_the_onnx2tf_route_and_says_why(tmp_path: Path) -> None:
+    from converters.pipeline import convert as export
+    from quant.pipeline import convert
+
+    onnx_file = export(examples.path("vit-mnist-un"), tmp_path / "fp32").onnx_path
+    calib, evaluation = _split_npz(tmp_path, "train"), _split_npz(tmp_path, "test")
+    report = convert(onnx_file, targets="imx8mp", out_dir=tmp_path / "out", latency_runs=3,
+                     calib=calib, eval=evaluation)  # fmt: skip
+    imx8mp = report.targets["imx8mp"]
+    assert imx8mp.status == "ok", imx8mp.error
+    assert imx8mp.tflite_route.name == "onnx2tf"
+    assert "ONNX source has no torch program" in imx8mp.tflite_route.reason
+
+
+def _folded():
+    from converters.pipeline import load_and_fold
+
+    return load_and_fold(examples.path("vit-mnist-un"))
+
+
+def _split_npz(tmp_path: Path, split: str) -> Path:
+    from quant.data import checkpoint_samples
+    from quant.prepare import input_specs
+
+    folded = _folded()
+    count = 256 if split == "train" else None
+    samples = checkpoint_samples(folded.info, split, count, input_specs(folded))
+    path = tmp_path / f"{split}.npz"
+    np.savez(path, labels=samples.labels, **samples.feeds)
+    return path
+
+
+def test_a_failed_conversion_names_its_log_and_the_log_is_where_it_says(tmp_path: Path) -> None:
+    """litert-torch given a file that is no torch program: the step fails with one line that
+    names its log; the target keeps that log in <target>/logs/ and the error names it there."""
+    program = tmp_path / "not-a-program.pt2"
+    program.write_bytes(b"not a zip archive")
+    calibration = Samples({"images": np.zeros((2, 1, 28, 28), np.float32)}, None, "zeros")
+    work = tmp_path / "work"
+    with pytest.raises(TfliteConversionError, match=r"litert-torch convert failed") as failed:
+        convert_direct(program, calibration, work)
+    logs = tmp_path / "imx93" / "logs"
+    error = _keep_logs(str(failed.value), work, logs)
+    named = Path(error.split("(log: ")[1].rstrip(")"))
+    assert named.parent == logs and named.is_file()
+    assert "not-a-program.pt2" in named.read_text()
+
+
+def test_a_one_channel_depthwise_conv_becomes_the_same_conv(tmp_path: Path) -> None:
+    """litert-torch writes the bundled ViT's patch embedding (one input channel, 4x4, stride 4)
+    as DEPTHWISE_CONV_2D; written back as CONV_2D the float file computes the same logits."""
+    from quant import toolenv
+    from quant.litert import run_tflite
+    from quant.prepare import _program
+    from quant.targets import parse_targets
+    from quant.tflite_direct import _step
+
+    program, why = _program(_folded(), parse_targets("imx93"), tmp_path)
+    assert program is not None, why
+    sample = tmp_path / "sample.npz"
+    np.savez(sample, images=np.zeros((1, 1, 28, 28), np.float32))
+    (tmp_path / "logs").mkdir()
+    depthwise = tmp_path / "depthwise.tflite"
+    env = toolenv.LITERT_TORCH.require()
+    _step(env, tmp_path, time.monotonic() + 600, False, "convert", program, sample, depthwise)
+    assert inspect_tflite(depthwise).op_histogram["DEPTHWISE_CONV_2D"] == 1
+    conv = tmp_path / "conv.tflite"
+    conv.write_bytes(depthwise.read_bytes())
+    assert depthwise_as_conv(conv) == 1
+    histogram = inspect_tflite(conv).op_histogram
+    assert "DEPTHWISE_CONV_2D" not in histogram and histogram["CONV_2D"] == 1
+    images = {"images": np.random.default_rng(0).random((8, 1, 28, 28), dtype=np.float32)}
+    np.testing.assert_allclose(run_tflite(conv, images), run_tflite(depthwise, images),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+def test_every_candidate_op_in_int16_keeps_ethos_u_int8_inputs_and_int8_io(
+    tmp_path: Path,
+) -> None:
+    """The per-op ladder's widest file: every candidate op with int16 activations, a strict
+    subset of the file's ops; no BATCH_MATMUL or GELU reads an int16 tensor, I/O stays int8."""
+    from quant.prepare import _program
+    from quant.targets import PROFILES, parse_targets
+    from quant.tflite_direct import requantize
+    from quant.tflite_mixed import candidates, int16_inputs_of
+
+    program, why = _program(_folded(), parse_targets("imx93"), tmp_path)
+    assert program is not None, why
+    images = np.random.default_rng(0).random((16, 1, 28, 28), dtype=np.float32)
+    converted = convert_direct(program, Samples({"images": images}, None, "random"), tmp_path / "w")
+    rule = PROFILES["imx93"].int8_input_ops
+    chosen = candidates(converted.int8, rule)
+    ops = inspect_tflite(converted.int8).n_ops
+    assert 0 < len(chosen) < ops
+    mixed = requantize(converted, tmp_path / "mixed.tflite", int16=tuple(t for _, t in chosen))
+    info = inspect_tflite(mixed)
+    assert len(info.int16_tensors) >= len(chosen)
+    assert int16_inputs_of(mixed, rule) == []
+    assert info.input_dtypes == ("int8",) and info.output_dtypes == ("int8",)
+    check_full_integer(info, io_dtype="int8")
