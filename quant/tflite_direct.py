@@ -26,6 +26,7 @@ import numpy as np
 from . import toolenv
 from .data import Samples
 from .tflite_depthwise import depthwise_as_conv
+from .tflite_embedding import quantize_embedding_tables
 from .tflite_symmetric import SymmetricOperand, make_matmul_operands_symmetric
 from .tool_sandbox import network_isolation, run_tool
 
@@ -137,6 +138,7 @@ def quantize_plan(
     _step(env, work_dir, deadline, network_isolation(None), "quantize", float32, ranges,
           plan_file, out)  # fmt: skip
     depthwise_as_conv(out)  # Vela runs a strided patch embedding only as CONV_2D
+    quantize_embedding_tables(out)  # the quantizer leaves EMBEDDING_LOOKUP's table in float
     return out
 
 

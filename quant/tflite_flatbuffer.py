@@ -178,9 +178,9 @@ def inspect_tflite(path: str | Path) -> TfliteInfo:
 def check_full_integer(info: TfliteInfo, io_dtype: str | None = "int8") -> None:
     """Raise NotFullIntegerError unless nothing computes in float and the I/O is ``io_dtype``.
 
-    ``io_dtype=None`` checks the inside only (any integer I/O type passes). An int64 input is
-    allowed whatever ``io_dtype`` is: token ids are indices into an embedding table, not
-    quantized values.
+    ``io_dtype=None`` checks the inside only (any integer I/O type passes). An int64 or int32
+    input is allowed whatever ``io_dtype`` is: token ids are indices into an embedding table,
+    not quantized values (onnx2tf keeps int64, litert-torch makes them int32).
     """
     problems: list[str] = []
     if info.float_ops:
@@ -192,7 +192,7 @@ def check_full_integer(info: TfliteInfo, io_dtype: str | None = "int8") -> None:
     if info.float_tensors:
         problems.append(f"{len(info.float_tensors)} float tensors (first: {info.float_tensors[0]})")
     integer = {"int8", "uint8", "int16", "int32", "int64"}
-    ins_ok = {io_dtype, "int64"} if io_dtype else integer
+    ins_ok = {io_dtype, "int64", "int32"} if io_dtype else integer
     outs_ok = {io_dtype} if io_dtype else integer
     for kind, specs, allowed in (("input", info.inputs, ins_ok), ("output", info.outputs, outs_ok)):
         problems += [f"{kind} {t.name!r} is {t.dtype}" for t in specs if t.dtype not in allowed]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -36,6 +37,10 @@ from .tool_sandbox import TfliteConversionError
 LOGS_DIR = "logs"
 DIRECT = "litert-torch"
 ONNX2TF = "onnx2tf"
+# auto (the default: direct where there is a program, onnx2tf otherwise or after it fails), or
+# one route alone, without the other as its fallback (benchmarks.tflite_routes compares them)
+ROUTE_VAR = "EDGE_UN_TFLITE_ROUTE"
+ROUTES = ("auto", DIRECT, ONNX2TF)
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,11 @@ def convert_for_target(job: TargetJob, work: Path) -> Converted:
     the onnx2tf route otherwise or when the direct one fails. Raises TfliteConversionError
     naming the logs kept in ``<target>/logs/`` when no route converts."""
     logs = job.target_dir / LOGS_DIR
+    chosen = chosen_route()
     direct_failed = None
-    if job.program is not None:
+    if chosen == DIRECT and job.program is None:
+        raise TfliteConversionError(f"{ROUTE_VAR}={DIRECT}, but {job.no_program or 'no program'}")
+    if job.program is not None and chosen != ONNX2TF:
         try:
             direct = _cached(job, work, DIRECT, _direct(job), DirectArtifacts.from_json)
             # e.g. an embedding table the quantizer leaves in float (EMBEDDING_LOOKUP)
@@ -87,7 +95,14 @@ def convert_for_target(job: TargetJob, work: Path) -> Converted:
         else:
             reason = "the default for a torch source: its folded program, straight to LiteRT"
             return Converted(schema.TfliteRoute(name=DIRECT, reason=reason), direct=direct)
-    why = direct_failed or job.no_program or "no torch program"
+    if direct_failed and chosen == DIRECT:
+        raise TfliteConversionError(f"litert-torch: {direct_failed}")
+    if direct_failed:
+        why = direct_failed
+    elif chosen == ONNX2TF:
+        why = f"{ROUTE_VAR}={ONNX2TF}"
+    else:
+        why = job.no_program or "no torch program"
     try:
         onnx2tf = _cached(job, work, ONNX2TF, _onnx2tf(job), _onnx2tf_record)
     except (TfliteConversionError, toolenv.ToolEnvMissingError) as error:
@@ -97,6 +112,14 @@ def convert_for_target(job: TargetJob, work: Path) -> Converted:
         raise TfliteConversionError(failed) from None
     reason = f"the direct route was not taken: {why}"
     return Converted(schema.TfliteRoute(name=ONNX2TF, reason=reason), onnx2tf=onnx2tf)
+
+
+def chosen_route() -> str:
+    """The route ``$EDGE_UN_TFLITE_ROUTE`` asks for (``auto`` when unset)."""
+    chosen = os.environ.get(ROUTE_VAR, "auto").strip() or "auto"
+    if chosen not in ROUTES:
+        raise TfliteConversionError(f"{ROUTE_VAR}={chosen!r}: choose one of {', '.join(ROUTES)}")
+    return chosen
 
 
 def _direct(job: TargetJob) -> Callable[[Path], DirectArtifacts]:
