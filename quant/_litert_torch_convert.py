@@ -34,10 +34,34 @@ def convert(program: Path, sample: Path, out: Path) -> None:
     import litert_torch
     import torch
 
-    module = torch.export.load(str(program)).module()
+    program_module = torch.export.load(str(program)).module()
     with np.load(sample, allow_pickle=False) as arrays:
-        args = tuple(torch.from_numpy(arrays[name]) for name in arrays.files)
-    litert_torch.convert(module, args).export(str(out))
+        inputs = {name: torch.from_numpy(arrays[name]) for name in arrays.files}
+
+    if len(inputs) == 1:  # a single input needs no name (and keeps the modules' scopes)
+        edge = litert_torch.convert(program_module, tuple(inputs.values()))
+    else:  # named, so that the file's signature says which input is which
+        try:
+            edge = litert_torch.convert(program_module, sample_args=(), sample_kwargs=inputs)
+        except TypeError:  # a forward(*inputs): name them through a wrapper
+            edge = litert_torch.convert(
+                _named(torch)(program_module, list(inputs)), sample_args=(), sample_kwargs=inputs
+            )
+    edge.export(str(out))
+
+
+def _named(torch):
+    class Named(torch.nn.Module):
+        """A program taking its inputs by name (its scopes then start with this wrapper)."""
+
+        def __init__(self, program, names: list[str]) -> None:
+            super().__init__()
+            self.program, self.names = program, names
+
+        def forward(self, **named):
+            return self.program(*(named[name] for name in self.names))
+
+    return Named
 
 
 def _signature_inputs(float_file: Path) -> tuple[str, list[str], dict[str, np.dtype]]:
@@ -55,14 +79,12 @@ def calibrate(float_file: Path, calibration: Path, ranges: Path) -> None:
 
     key, names, dtypes = _signature_inputs(float_file)
     with np.load(calibration, allow_pickle=False) as arrays:
-        columns = [arrays[name] for name in arrays.files]  # in the program's input order
+        columns = {name: arrays[name] for name in arrays.files}  # named as the signature's
+    count = len(next(iter(columns.values())))
     # token ids arrive as int64; the converted program takes int32 (its default)
     samples = [
-        {
-            name: column[i : i + 1].astype(dtypes[name])
-            for name, column in zip(names, columns, strict=True)
-        }
-        for i in range(len(columns[0]))
+        {name: columns[name][i : i + 1].astype(dtypes[name]) for name in names}
+        for i in range(count)
     ]
     plan = quantizer.Quantizer(str(float_file))
     plan.load_quantization_recipe(recipe.static_wi8_ai8())

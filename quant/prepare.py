@@ -12,6 +12,7 @@ that need it, each with its reason, not the conversion.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import onnx
 import torch
 
 from converters.attention_masks import bound_attention_masks
+from converters.fx_attention_masks import bound_program_masks
 from converters.pipeline import FoldedSource, export_folded, load_and_fold
 from converters.progress import Progress, ProgressEvent
 from converters.source import ModelSource
@@ -91,6 +93,9 @@ def prepare(
     work_dir.mkdir(parents=True, exist_ok=True)
     for part, samples in (("calibration", calibration), ("evaluation", evaluation)):
         save_samples(samples, work_dir / part)
+    # before the exports: exporting to ONNX decomposes the folded graph in place (its SDPA
+    # becomes MatMul/Softmax with the mask filled with float32-min, which nothing bounds then)
+    program, no_program = _program(folded, profiles, work_dir)
     exports, errors = _exports(folded, profiles, out_dir, say)
     reference, reference_note = _reference(folded, exports, out_dir, evaluation)
     fp32_outputs = None
@@ -104,7 +109,6 @@ def prepare(
         + ([recalibration_note(recalibration, recalibrate_batches)] if recalibration else [])
         + ([reference_note] if reference_note else [])
     )
-    program, no_program = _program(folded, profiles, work_dir)
     prepared = Prepared(
         out_dir=out_dir,
         work_dir=work_dir,
@@ -229,10 +233,12 @@ def _program(
     path = work_dir / "program.pt2"
     try:
         example = tuple(a[:1] for a in folded.example)
+        folded_copy = copy.deepcopy(folded.folded)
+        bound_program_masks(folded_copy)  # as bound_attention_masks does to the ONNX export
         with torch.no_grad():
-            plain = isinstance(folded.folded(*example), torch.Tensor)
+            plain = isinstance(folded_copy(*example), torch.Tensor)
         # a wrapper's program names every op after it: only where the output needs one
-        module = folded.folded if plain else _Logits(folded.folded)
+        module = folded_copy if plain else _Logits(folded_copy)
         program = torch.export.export(module, example)
         torch.export.save(program, str(path))
     except Exception as error:

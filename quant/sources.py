@@ -187,3 +187,27 @@ def placed_ops(
         for op, _, outputs in graph
         if op in ops and outputs
     ]
+
+
+def scoped_sources(graph: Graph) -> dict[str, Source]:
+    """Sources read off a graph whose tensor names are torch module scopes, as litert-torch
+    names them: ``edge_un.models.vision.VisionTransformer/edge_un.models.blocks.Block_0/
+    edge_un.models.blocks.Attention_attn/torch.nn.modules.linear.Linear_qkv;2`` is
+    ``Block[0].attn.qkv`` (each scope ``Class_attribute``, the root's class first, ``;N``
+    counting its ops; a container's item keeps its class, the container's own name is not in
+    the scopes). A tensor of two fused ops (``a;;b``) takes the first one's scope."""
+    sources = {}
+    for op, _, outputs in graph:
+        for name in outputs:
+            scopes = name.split(";;")[0].split(";")[0].split("/")
+            if len(scopes) < 2 and ";" not in name:
+                continue
+            parts = [_scope_part(scope) for scope in scopes[1:]]
+            leaf = len(scopes) > 1 and scopes[-1].startswith("torch.nn.modules.")
+            sources[name] = Source(module=".".join(parts), op=op.lower(), leaf=leaf)
+    return sources
+
+
+def _scope_part(scope: str) -> str:
+    cls, _, attribute = scope.rsplit(".", 1)[-1].partition("_")
+    return f"{cls}[{attribute}]" if attribute.isdigit() else attribute

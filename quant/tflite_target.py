@@ -42,7 +42,14 @@ from .records import (
     tflite_inputs,
 )
 from .rules import unsupported_ops
-from .sources import Source, derived_sources, label_of, onnx_sources, placed_ops
+from .sources import (
+    Source,
+    derived_sources,
+    label_of,
+    onnx_sources,
+    placed_ops,
+    scoped_sources,
+)
 from .target_job import TargetJob
 from .tflite import convert_int16x8, int16x8_blocker
 from .tflite_direct import requantize
@@ -179,6 +186,8 @@ def tflite_sources(tflite: Path, tensor_map: Path | None, fp32: Path) -> dict[st
     module (quant.sources). The model's output tensor (``PartitionedCall:0``, no map entry) is
     paired with the ONNX output when both files have one. No map: no names (never an error)."""
     graph = op_graph(tflite)
+    if tensor_map is None:  # the direct route: its names are the torch module scopes
+        return scoped_sources(graph)
     names = [name for _, _, outs in graph for name in outs]
     has_map = tensor_map is not None and tensor_map.is_file()
     renamed = onnx_names(names, tensor_map) if has_map else {}

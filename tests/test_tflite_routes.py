@@ -141,3 +141,39 @@ def test_every_candidate_op_in_int16_keeps_ethos_u_int8_inputs_and_int8_io(
     assert int16_inputs_of(mixed, rule) == []
     assert info.input_dtypes == ("int8",) and info.output_dtypes == ("int8",)
     check_full_integer(info, io_dtype="int8")
+
+
+def test_text_models_take_the_direct_route_with_an_int8_embedding_table(tmp_path: Path) -> None:
+    """The bundled text model and the HF BERT: their embedding lookups read int8 tables (the
+    quantizer leaves them float; quant.tflite_embedding puts them on the grid they are read
+    at), their boolean attention masks become bounded additive ones (quant.prepare, before the
+    ONNX export decomposes them): full int8, within the bars, on the direct route."""
+    from quant.pipeline import convert
+
+    for name in ("text-rt-un", "hf-bert-rt-un"):
+        out = tmp_path / name
+        report = convert(examples.path(name), targets="imx93", out_dir=out, latency_runs=3)
+        imx93 = report.targets["imx93"]
+        assert imx93.status == "ok", (name, imx93.error)
+        assert imx93.tflite_route.name == "litert-torch", imx93.tflite_route.reason
+        assert imx93.drift.within_bar and imx93.drift.agreement >= 0.99
+        info = inspect_tflite(out / "imx93" / "model_int8.tflite")
+        check_full_integer(info, io_dtype="int8")
+        assert info.op_histogram["EMBEDDING_LOOKUP"] >= 1
+
+
+def test_a_boolean_sdpa_mask_becomes_a_bounded_additive_one() -> None:
+    import torch
+
+    from converters.attention_masks import MASK_PENALTY
+    from converters.fx_attention_masks import bound_program_masks
+    from converters.pipeline import load_and_fold
+
+    folded = load_and_fold(examples.path("hf-bert-rt-un"))
+    example = tuple(a[:2] for a in folded.example)
+    assert not bool(example[1].all())  # padding in the example: the mask matters
+    before = folded.folded(*example).logits
+    assert bound_program_masks(folded.folded) == 2  # one SDPA per layer
+    wheres = [n for n in folded.folded.graph.nodes if n.target == torch.ops.aten.where.Scalar]
+    assert len(wheres) == 2 and all(n.args[2] == MASK_PENALTY for n in wheres)
+    torch.testing.assert_close(folded.folded(*example).logits, before, rtol=1e-5, atol=1e-5)
