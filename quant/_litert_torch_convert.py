@@ -79,7 +79,11 @@ def calibrate(float_file: Path, calibration: Path, ranges: Path) -> None:
 
     key, names, dtypes = _signature_inputs(float_file)
     with np.load(calibration, allow_pickle=False) as arrays:
-        columns = {name: arrays[name] for name in arrays.files}  # named as the signature's
+        columns = {name: arrays[name] for name in arrays.files}
+    if set(names) != set(columns):
+        # a one-input program is converted positionally (its signature says args_0): the
+        # calibration arrays are then taken in their saved order
+        columns = dict(zip(names, columns.values(), strict=True))
     count = len(next(iter(columns.values())))
     # token ids arrive as int64; the converted program takes int32 (its default)
     samples = [

@@ -95,7 +95,7 @@ def prepare(
         save_samples(samples, work_dir / part)
     # before the exports: exporting to ONNX decomposes the folded graph in place (its SDPA
     # becomes MatMul/Softmax with the mask filled with float32-min, which nothing bounds then)
-    program, no_program = _program(folded, profiles, work_dir)
+    program, no_program = tflite_program(folded, profiles, work_dir)
     exports, errors = _exports(folded, profiles, out_dir, say)
     reference, reference_note = _reference(folded, exports, out_dir, evaluation)
     fp32_outputs = None
@@ -219,7 +219,7 @@ class _Logits(torch.nn.Module):
         return logits if logits is not None else torch.utils._pytree.tree_leaves(out)[0]
 
 
-def _program(
+def tflite_program(
     folded: FoldedSource, profiles: tuple[TargetProfile, ...], work_dir: Path
 ) -> tuple[Path | None, str | None]:
     """The folded program at batch 1 as a .pt2 for the TFLite targets' direct route

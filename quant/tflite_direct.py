@@ -112,6 +112,16 @@ def convert_direct(
     )
 
 
+def convert_float(program: Path, sample: Path, out: Path, *, timeout_s: float = 900) -> Path:
+    """litert-torch's float file of ``program`` as the converter writes it (no rewrite), its
+    log in ``out``'s directory's logs/; ``sample`` (.npz) is one example input."""
+    env = toolenv.LITERT_TORCH.require()
+    (out.parent / LOGS_DIR).mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    _step(env, out.parent, deadline, network_isolation(None), "convert", program, sample, out)
+    return out
+
+
 def requantize(
     converted: DirectArtifacts,
     out: Path,

@@ -89,7 +89,7 @@ def convert_for_target(job: TargetJob, work: Path) -> Converted:
             # e.g. an embedding table the quantizer leaves in float (EMBEDDING_LOOKUP)
             check_full_integer(inspect_tflite(direct.int8), io_dtype="int8")
         except (TfliteConversionError, toolenv.ToolEnvMissingError) as error:
-            direct_failed = _keep_logs(str(error), work / DIRECT, logs)
+            direct_failed = keep_logs(str(error), work / DIRECT, logs)
         except NotFullIntegerError as error:
             direct_failed = str(error)
         else:
@@ -106,7 +106,7 @@ def convert_for_target(job: TargetJob, work: Path) -> Converted:
     try:
         onnx2tf = _cached(job, work, ONNX2TF, _onnx2tf(job), _onnx2tf_record)
     except (TfliteConversionError, toolenv.ToolEnvMissingError) as error:
-        failed = _keep_logs(str(error), work / ONNX2TF, logs)
+        failed = keep_logs(str(error), work / ONNX2TF, logs)
         if direct_failed:
             failed = f"litert-torch: {direct_failed}; then onnx2tf: {failed}"
         raise TfliteConversionError(failed) from None
@@ -172,7 +172,7 @@ def _copy(source: Path, destination: Path) -> None:
         shutil.copytree(source, destination, dirs_exist_ok=True, ignore=ignore)
 
 
-def _keep_logs(error: str, route_dir: Path, logs: Path) -> str:
+def keep_logs(error: str, route_dir: Path, logs: Path) -> str:
     """Copy the route's logs into ``logs`` and name them there in ``error`` (one line)."""
     found = sorted(route_dir.rglob("*.log")) if route_dir.is_dir() else []
     if not found:

@@ -100,8 +100,12 @@ def test_output_path_under_a_file_is_one_line(tmp_path: Path) -> None:
 
 
 def without_tflite_env(tmp_path: Path) -> dict[str, str]:
-    """The environment of an installation without onnx2tf/TensorFlow (the edge-un:onnx image)."""
-    return {**ENV, "EDGE_UN_TFLITE_ENV": str(tmp_path / "no-tflite-env")}
+    """The environment of an installation with neither TFLite converter (the edge-un:onnx image)."""
+    return {
+        **ENV,
+        "EDGE_UN_TFLITE_ENV": str(tmp_path / "no-tflite-env"),
+        "EDGE_UN_LITERT_TORCH_ENV": str(tmp_path / "no-litert-env"),
+    }
 
 
 def test_targets_says_which_targets_this_installation_can_build(tmp_path: Path) -> None:
@@ -114,17 +118,20 @@ def test_targets_says_which_targets_this_installation_can_build(tmp_path: Path) 
     assert "this installation can build: cpu, tda4vm" in lines
     for name in ("imx93", "imx8mp"):
         reason = next(line for line in lines if line.startswith(f"cannot build {name}: "))
-        assert f"the TFLite converter environment is missing at {tmp_path}" in reason
-        assert "python -m quant.toolenv" in reason and "edge-un:onnx" in reason
+        # both converters named, each with where it was looked for and the command that makes it
+        for tool in ("litert-torch, ai-edge-quantizer", "onnx2tf, TensorFlow"):
+            assert f"converter ({tool}) environment is missing at {tmp_path}" in reason
+        assert "python -m quant.toolenv litert-torch" in reason and "edge-un:onnx" in reason
     assert all(line == line.rstrip() for line in lines)
 
 
-def test_targets_with_the_tflite_env_can_build_every_target() -> None:
+def test_targets_with_the_litert_torch_env_alone_can_build_every_target(tmp_path: Path) -> None:
+    """The default install (no onnx2tf, no TensorFlow) builds all four targets."""
     from quant import toolenv
 
-    if not toolenv.ONNX2TF.is_ready():
-        pytest.skip("this installation has no TFLite converter environment")
-    result = run_cli("targets")
+    if not toolenv.LITERT_TORCH.is_ready():
+        pytest.skip("this installation has no PyTorch -> LiteRT converter environment")
+    result = run_cli("targets", env={**ENV, "EDGE_UN_TFLITE_ENV": str(tmp_path / "no-tflite-env")})
     assert result.returncode == 0, result.stderr
     assert "this installation can build: cpu, imx93, imx8mp, tda4vm" in result.stdout
     assert "cannot build" not in result.stdout
@@ -142,7 +149,7 @@ def test_convert_defaults_to_the_targets_this_installation_can_build(
     monkeypatch.setenv("EDGE_UN_LITERT_TORCH_ENV", str(tmp_path / "no-litert-env"))
     assert names(None) == ["cpu", "tda4vm"]
     note = capsys.readouterr().err.strip()
-    assert note.startswith("targets: cpu, tda4vm (not imx93, imx8mp: the TFLite converter"), note
+    assert note.startswith("targets: cpu, tda4vm (not imx93, imx8mp: the PyTorch -> LiteRT"), note
     assert names("tda4vm,cpu") == ["tda4vm", "cpu"]
     assert capsys.readouterr().err == ""  # named targets that can be built: no note
 
@@ -153,8 +160,9 @@ def test_convert_refuses_a_named_target_it_cannot_build_before_any_work(tmp_path
                      env=without_tflite_env(tmp_path))  # fmt: skip
     assert result.returncode == 1
     assert result.stderr.strip().startswith(
-        "edge-un convert: error: this installation cannot build imx93: the TFLite converter "
-        f"environment is missing at {tmp_path / 'no-tflite-env'}"
+        "edge-un convert: error: this installation cannot build imx93: the PyTorch -> LiteRT "
+        "converter (litert-torch, ai-edge-quantizer) environment is missing at "
+        f"{tmp_path / 'no-litert-env'}"
     ), result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
 
@@ -180,4 +188,4 @@ def test_the_service_defaults_to_the_targets_this_installation_can_build(
     with pytest.raises(UploadRejected) as refused:
         intake.parse_targets("cpu, imx8mp")
     assert status_of(refused.value) == 422
-    assert refused.value.detail.startswith("this installation cannot build imx8mp: the TFLite")
+    assert refused.value.detail.startswith("this installation cannot build imx8mp: the PyTorch")

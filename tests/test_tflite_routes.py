@@ -4,7 +4,6 @@ log kept where the error says."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ from quant.data import Samples
 from quant.tflite_depthwise import depthwise_as_conv
 from quant.tflite_direct import convert_direct
 from quant.tflite_flatbuffer import check_full_integer, inspect_tflite
-from quant.tflite_routes import _keep_logs
+from quant.tflite_routes import keep_logs
 from quant.tool_sandbox import TfliteConversionError
 
 
@@ -83,7 +82,7 @@ def test_a_failed_conversion_names_its_log_and_the_log_is_where_it_says(tmp_path
     with pytest.raises(TfliteConversionError, match=r"litert-torch convert failed") as failed:
         convert_direct(program, calibration, work)
     logs = tmp_path / "imx93" / "logs"
-    error = _keep_logs(str(failed.value), work, logs)
+    error = keep_logs(str(failed.value), work, logs)
     named = Path(error.split("(log: ")[1].rstrip(")"))
     assert named.parent == logs and named.is_file()
     assert "not-a-program.pt2" in named.read_text()
@@ -92,20 +91,16 @@ def test_a_failed_conversion_names_its_log_and_the_log_is_where_it_says(tmp_path
 def test_a_one_channel_depthwise_conv_becomes_the_same_conv(tmp_path: Path) -> None:
     """litert-torch writes the bundled ViT's patch embedding (one input channel, 4x4, stride 4)
     as DEPTHWISE_CONV_2D; written back as CONV_2D the float file computes the same logits."""
-    from quant import toolenv
     from quant.litert import run_tflite
-    from quant.prepare import _program
+    from quant.prepare import tflite_program
     from quant.targets import parse_targets
-    from quant.tflite_direct import _step
+    from quant.tflite_direct import convert_float
 
-    program, why = _program(_folded(), parse_targets("imx93"), tmp_path)
+    program, why = tflite_program(_folded(), parse_targets("imx93"), tmp_path)
     assert program is not None, why
     sample = tmp_path / "sample.npz"
     np.savez(sample, images=np.zeros((1, 1, 28, 28), np.float32))
-    (tmp_path / "logs").mkdir()
-    depthwise = tmp_path / "depthwise.tflite"
-    env = toolenv.LITERT_TORCH.require()
-    _step(env, tmp_path, time.monotonic() + 600, False, "convert", program, sample, depthwise)
+    depthwise = convert_float(program, sample, tmp_path / "depthwise.tflite")
     assert inspect_tflite(depthwise).op_histogram["DEPTHWISE_CONV_2D"] == 1
     conv = tmp_path / "conv.tflite"
     conv.write_bytes(depthwise.read_bytes())
@@ -122,12 +117,12 @@ def test_every_candidate_op_in_int16_keeps_ethos_u_int8_inputs_and_int8_io(
 ) -> None:
     """The per-op ladder's widest file: every candidate op with int16 activations, a strict
     subset of the file's ops; no BATCH_MATMUL or GELU reads an int16 tensor, I/O stays int8."""
-    from quant.prepare import _program
+    from quant.prepare import tflite_program
     from quant.targets import PROFILES, parse_targets
     from quant.tflite_direct import requantize
     from quant.tflite_mixed import candidates, int16_inputs_of
 
-    program, why = _program(_folded(), parse_targets("imx93"), tmp_path)
+    program, why = tflite_program(_folded(), parse_targets("imx93"), tmp_path)
     assert program is not None, why
     images = np.random.default_rng(0).random((16, 1, 28, 28), dtype=np.float32)
     converted = convert_direct(program, Samples({"images": images}, None, "random"), tmp_path / "w")
