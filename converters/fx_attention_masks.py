@@ -6,7 +6,9 @@ attention scores, and in int8 that tensor's grid must span 3.4e38, so every real
 zero. Here, in the folded program that the TFLite targets' direct route converts, each scalar
 constant at or below ``MASKED_AT_MOST`` that a mask is built from (the factor of a ``mul``, the
 fill of a ``masked_fill``/``where``/``full``) becomes ``MASK_PENALTY``: the mask then holds 0
-and -30, as the rewritten ONNX file's does, and the softmax is unchanged in fp32 (e^-30).
+and -30, as the rewritten ONNX file's does, and the softmax is unchanged in fp32 (e^-30). A
+boolean mask handed to ``scaled_dot_product_attention`` becomes that additive mask, or, when it
+masks nothing whatever the input (transformers 5's ViT builds one from ``arange``), is dropped.
 """
 
 from __future__ import annotations
@@ -59,14 +61,57 @@ def _additive_sdpa_masks(module: GraphModule) -> int:
         value = getattr(mask, "meta", {}).get("val")
         if value is None or value.dtype != torch.bool:
             continue
-        with module.graph.inserting_before(node):
-            additive = module.graph.call_function(_aten.where.Scalar, (mask, 0.0, MASK_PENALTY))
+        if _masks_nothing(mask):
+            additive = None  # a model without padding (transformers 5's ViT)
+        else:
+            with module.graph.inserting_before(node):
+                additive = module.graph.call_function(_aten.where.Scalar, (mask, 0.0, MASK_PENALTY))
         if in_kwargs:
             node.kwargs = {**node.kwargs, "attn_mask": additive}
         else:
             node.args = (*node.args[:3], additive, *node.args[4:])
         changed += 1
+    if changed:
+        module.graph.eliminate_dead_code()  # a dropped mask's own ops
     return changed
+
+
+def _masks_nothing(mask: torch.fx.Node) -> bool:
+    """Whether a boolean mask is True everywhere whatever the input. An ``expand`` only repeats
+    its input's values (its size may follow the input's batch): the values before it decide."""
+    while mask.op == "call_function" and mask.target == _aten.expand.default:
+        mask = mask.args[0]
+    value = _constant_value(mask)
+    return value is not None and bool(value.all())
+
+
+def _constant_value(node: torch.fx.Node) -> torch.Tensor | None:
+    """The value of ``node`` when it depends on no input and no weight (a mask built from
+    ``arange`` and comparisons), computed here; None otherwise. A converter keeps such a
+    subgraph as ops on the accelerator's fallback (BROADCAST_TO, SELECT_V2) rather than fold it."""
+    order: list[torch.fx.Node] = []
+    seen: set[torch.fx.Node] = set()
+
+    def visit(current: torch.fx.Node) -> bool:
+        if current in seen:
+            return True
+        if current.op != "call_function":
+            return False
+        if not all(visit(arg) for arg in current.all_input_nodes):
+            return False
+        seen.add(current)
+        order.append(current)
+        return True
+
+    if not visit(node):
+        return None
+    values: dict[torch.fx.Node, object] = {}
+    for current in order:
+        args = torch.fx.node.map_arg(current.args, values.__getitem__)
+        kwargs = torch.fx.node.map_arg(current.kwargs, values.__getitem__)
+        values[current] = current.target(*args, **kwargs)
+    value = values[node]
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def _mask_argument(node: torch.fx.Node) -> tuple[object, bool]:

@@ -13,6 +13,7 @@ that need it, each with its reason, not the conversion.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,9 @@ from .graph_walk import static_batch
 from .isolation import save_samples
 from .job_files import FP32_OUTPUTS_FILE, ExportedModel, Prepared, export_key
 from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
+from .sources import program_module_paths
 from .targets import Bars, TargetProfile, resolve_targets
+from .tflite_direct import module_paths_file
 
 # The opset and batch of the export that gives the fp32 reference when no target's could.
 REFERENCE_EXPORT = (18, False)
@@ -241,6 +244,9 @@ def tflite_program(
         module = folded_copy if plain else _Logits(folded_copy)
         program = torch.export.export(module, example)
         torch.export.save(program, str(path))
+        drop = "" if plain else "model."  # the wrapper's attribute is not the user's
+        paths = program_module_paths(program.graph.nodes, drop)
+        module_paths_file(path).write_text(json.dumps(paths, indent=1) + "\n")
     except Exception as error:
         return None, f"the folded program could not be saved for LiteRT: {one_line(error)}"
     return path, None

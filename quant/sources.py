@@ -189,23 +189,60 @@ def placed_ops(
     ]
 
 
-def scoped_sources(graph: Graph) -> dict[str, Source]:
+def program_module_paths(nodes: Iterable, drop: str = "") -> dict[str, str]:
+    """{scope chain: module path} of a torch program's nodes (an ExportedProgram's graph
+    nodes), the key spelt as litert-torch spells each node's module stack in its tensor names
+    (``edge_un.models.blocks.Block_3/edge_un.models.blocks.Attention_attn``: each module but the
+    root, ``Class_attribute``), the value its full path (``blocks.3.attn``), ``drop`` (a
+    wrapper's attribute, ``model.``) taken off its front. The names alone cannot say it: they
+    keep a container's item (``Block_3``) but not the container (``blocks``). A chain two
+    modules share (``enc[0]`` and ``dec[0]``, both ``Block_0``) is left out: it names neither."""
+    paths: dict[str, str | None] = {}
+    for node in nodes:
+        stack = [(path, cls) for path, cls in node.meta.get("nn_module_stack", {}).values() if path]
+        if not stack:
+            continue
+        chain = "/".join(f"{cls}_{path.rsplit('.', 1)[-1]}" for path, cls in stack)
+        path = stack[-1][0].removeprefix(drop)
+        paths[chain] = path if paths.get(chain, path) == path else None
+    return {chain: path for chain, path in paths.items() if path is not None}
+
+
+def scoped_sources(
+    graph: Graph, module_paths: Mapping[str, str] | None = None
+) -> dict[str, Source]:
     """Sources read off a graph whose tensor names are torch module scopes, as litert-torch
     names them: ``edge_un.models.vision.VisionTransformer/edge_un.models.blocks.Block_0/
-    edge_un.models.blocks.Attention_attn/torch.nn.modules.linear.Linear_qkv;2`` is
-    ``Block[0].attn.qkv`` (each scope ``Class_attribute``, the root's class first, ``;N``
-    counting its ops; a container's item keeps its class, the container's own name is not in
-    the scopes). A tensor of two fused ops (``a;;b``) takes the first one's scope."""
+    edge_un.models.blocks.Attention_attn/torch.nn.modules.linear.Linear_qkv;2`` (each scope
+    ``Class_attribute``, the root's class first, ``;N`` counting its ops) is
+    ``blocks.0.attn.qkv``: the longest tail of its scopes that ``module_paths``
+    (program_module_paths) knows; without one, ``Block[0].attn.qkv`` (a container's item keeps
+    its class, the container's own name is not in the scopes). A tensor of two fused ops
+    (``a;;b``) takes the first one's scope."""
+    module_paths = module_paths or {}
     sources = {}
     for op, _, outputs in graph:
         for name in outputs:
             scopes = name.split(";;")[0].split(";")[0].split("/")
             if len(scopes) < 2 and ";" not in name:
                 continue
-            parts = [_scope_part(scope) for scope in scopes[1:]]
-            leaf = len(scopes) > 1 and scopes[-1].startswith("torch.nn.modules.")
-            sources[name] = Source(module=".".join(parts), op=op.lower(), leaf=leaf)
+            leaf = len(scopes) > 1 and scopes[-1].startswith(TORCH_LAYERS)
+            module = _known_path(scopes, module_paths)
+            if module is None:
+                module = ".".join(_scope_part(scope) for scope in scopes[1:])
+            sources[name] = Source(module=module, op=op.lower(), leaf=leaf)
     return sources
+
+
+def _known_path(scopes: Sequence[str], module_paths: Mapping[str, str]) -> str | None:
+    """The path of the longest tail of ``scopes`` below the root (a converter's wrapper may
+    stand above the program's own root) that ``module_paths`` has; the root alone is ""."""
+    if len(scopes) == 1:
+        return ""
+    for start in range(1, len(scopes)):
+        if (path := module_paths.get("/".join(scopes[start:]))) is not None:
+            return path
+    return None
 
 
 def _scope_part(scope: str) -> str:

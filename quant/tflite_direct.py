@@ -34,6 +34,7 @@ SCRIPT = Path(__file__).with_name("_litert_torch_convert.py")
 FLOAT32_NAME = "model_float32.tflite"
 INT8_NAME = "model_int8.tflite"
 RANGES_NAME = "calibration_ranges.npz"
+MODULE_PATHS_NAME = "module_paths.json"  # beside the program: quant.sources.program_module_paths
 LOGS_DIR = "logs"
 
 
@@ -51,6 +52,8 @@ class DirectArtifacts:
     quantize_s: float
     network_isolated: bool
     matmul_operands: tuple[SymmetricOperand, ...] = field(default=())
+    # {litert-torch's scope chain: the module's path}, for the tensors' names (quant.sources)
+    module_paths: dict[str, str] = field(default_factory=dict)
 
     @property
     def logs(self) -> Path:
@@ -73,6 +76,16 @@ class DirectArtifacts:
             SymmetricOperand(**record) for record in fields["matmul_operands"]
         )
         return cls(**fields)
+
+
+def module_paths_file(program: Path) -> Path:
+    """Where prepare keeps ``program``'s module paths."""
+    return program.with_name(MODULE_PATHS_NAME)
+
+
+def _module_paths(program: Path) -> dict[str, str]:
+    file = module_paths_file(program)
+    return json.loads(file.read_text()) if file.is_file() else {}
 
 
 def convert_direct(
@@ -109,6 +122,7 @@ def convert_direct(
         quantize_s=round(time.monotonic() - started, 2),
         network_isolated=isolate,
         matmul_operands=operands,
+        module_paths=_module_paths(program),
     )
 
 

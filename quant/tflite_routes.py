@@ -70,6 +70,11 @@ class Converted:
         return None if self.direct else self.onnx2tf.tensor_map
 
     @property
+    def module_paths(self) -> dict[str, str]:
+        """The direct route's {scope chain: module path} (quant.sources.scoped_sources)."""
+        return self.direct.module_paths if self.direct else {}
+
+    @property
     def matmul_operands(self) -> tuple:
         return self.direct.matmul_operands if self.direct else self.onnx2tf.matmul_operands
 

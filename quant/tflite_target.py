@@ -123,7 +123,7 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
         int8.unlink()
     name = shipped.relative_to(out_dir).as_posix()
     stage("per-tensor SQNR", 0.6)
-    sources = tflite_sources(shipped, converted.tensor_map, job.fp32_path)
+    sources = tflite_sources(shipped, converted, job.fp32_path)
     worst = [
         schema.LayerError(
             name=tensor,
@@ -181,13 +181,15 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     )
 
 
-def tflite_sources(tflite: Path, tensor_map: Path | None, fp32: Path) -> dict[str, Source]:
-    """{TFLite tensor: source}: through onnx2tf's tensor map to the ONNX tensor, then to its
-    module (quant.sources). The model's output tensor (``PartitionedCall:0``, no map entry) is
+def tflite_sources(tflite: Path, converted: Converted, fp32: Path) -> dict[str, Source]:
+    """{TFLite tensor: source}. The direct route's names are the torch module scopes; the
+    onnx2tf route's go through its tensor map to the ONNX tensor, then to its module
+    (quant.sources). The model's output tensor (``PartitionedCall:0``, no map entry) is
     paired with the ONNX output when both files have one. No map: no names (never an error)."""
     graph = op_graph(tflite)
-    if tensor_map is None:  # the direct route: its names are the torch module scopes
-        return scoped_sources(graph)
+    tensor_map = converted.tensor_map
+    if tensor_map is None:
+        return scoped_sources(graph, converted.module_paths)
     names = [name for _, _, outs in graph for name in outs]
     has_map = tensor_map is not None and tensor_map.is_file()
     renamed = onnx_names(names, tensor_map) if has_map else {}

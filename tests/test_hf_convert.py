@@ -160,7 +160,9 @@ def test_the_hf_vit_default_onnx_export_converts_for_the_quick_targets(
 
 def check_alike(reports: dict[str, Report], targets: tuple[str, ...]) -> None:
     """One fold (the same norms into the same layers) and, per target, the same agreement
-    within 0.3 pt whatever the export: the converter, not the file's format, decides."""
+    within 0.3 pt whatever the export: the converter, not the file's format, decides (a program
+    and an ONNX file take different TFLite routes, litert-torch and onnx2tf: on the ViT's 1000
+    test images they differ by 3 flips, 99.5 and 99.8 %, the program's cosine the closer)."""
     placements = {
         export: {n["name"]: (n["action"], tuple(n["into"])) for n in report.fold["norms"]}
         for export, report in reports.items()
@@ -169,7 +171,8 @@ def check_alike(reports: dict[str, Report], targets: tuple[str, ...]) -> None:
     assert all(p == first for p in placements.values()), placements
     for target in targets:
         agreement = {e: r.targets[target].drift.agreement for e, r in reports.items()}
-        assert max(agreement.values()) - min(agreement.values()) <= 0.003, (target, agreement)
+        spread = round(max(agreement.values()) - min(agreement.values()), 9)  # 0.998 - 0.995
+        assert spread <= 0.003, (target, agreement)
 
 
 def test_the_hf_vit_converts_alike_from_every_export(vit_reports: dict[str, Report]) -> None:

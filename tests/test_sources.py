@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 from pathlib import Path
 
 import onnx
@@ -26,6 +27,8 @@ from quant.sources import (
     infer,
     onnx_sources,
     placed_ops,
+    program_module_paths,
+    scoped_sources,
 )
 
 
@@ -139,6 +142,40 @@ def test_every_node_of_a_real_export_names_its_module(text_export) -> None:
     matmuls = {sources[n.output[0]].label() for n in text_export.graph.node if n.op_type == "MatMul"
                and n.input[1] in {i.name for i in text_export.graph.initializer}}  # fmt: skip
     assert "blocks.0.attn.qkv" in matmuls and "blocks.0.mlp.fc1" in matmuls
+
+
+def program_node(*stack: tuple[str, str]) -> SimpleNamespace:
+    """A torch program's node as far as its module stack goes: (path, class) from the root."""
+    return SimpleNamespace(meta={"nn_module_stack": {f"k{i}": e for i, e in enumerate(stack)}})
+
+
+def test_litert_torch_scopes_name_the_module_paths() -> None:
+    """litert-torch's names keep each module's class and last attribute (``Block_3``), not the
+    container (``blocks``): the program's own stacks give the path back, a wrapper's attribute
+    dropped; a chain two modules share names neither and falls back to the scopes alone."""
+    root, block, attn = ("", "Wrapper"), "m.Block", "m.Attention"
+    nodes = [
+        program_node(root, ("model.blocks.3", block)),
+        program_node(root, ("model.blocks.3", block), ("model.blocks.3.attn", attn)),
+        program_node(root, ("model.enc.0", block)),
+        program_node(root, ("model.dec.0", block)),
+    ]
+    paths = program_module_paths(nodes, drop="model.")
+    assert paths == {f"{block}_3": "blocks.3", f"{block}_3/{attn}_attn": "blocks.3.attn"}
+    graph = [
+        ("SOFTMAX", [], [f"Wrapper/{block}_3/{attn}_attn;2"]),
+        ("ADD", [], [f"Wrapper/{block}_0;1"]),
+        ("MUL", [], ["Converter/Wrapper/m.Block_3;;other"]),  # a converter's own wrapper
+        ("SLICE", [], ["Wrapper;4"]),
+    ]
+    labels = {name: s.label() for name, s in scoped_sources(graph, paths).items()}
+    assert labels == {
+        f"Wrapper/{block}_3/{attn}_attn;2": "blocks.3.attn.softmax",
+        f"Wrapper/{block}_0;1": "Block[0].add",
+        "Converter/Wrapper/m.Block_3;;other": "blocks.3.mul",
+        "Wrapper;4": "slice",
+    }
+    assert scoped_sources(graph)[graph[0][2][0]].label() == "Block[3].attn.softmax"
 
 
 def test_the_target_builders_load_no_torch() -> None:

@@ -172,3 +172,26 @@ def test_a_boolean_sdpa_mask_becomes_a_bounded_additive_one() -> None:
     wheres = [n for n in folded.folded.graph.nodes if n.target == torch.ops.aten.where.Scalar]
     assert len(wheres) == 2 and all(n.args[2] == MASK_PENALTY for n in wheres)
     torch.testing.assert_close(folded.folded(*example).logits, before, rtol=1e-5, atol=1e-5)
+
+
+def test_a_mask_that_masks_nothing_is_dropped() -> None:
+    """transformers 5's ViT hands every SDPA a boolean mask built from ``arange >= 0``: no input
+    in it, every entry True. litert-torch kept it as BROADCAST_TO and SELECT_V2, which Vela
+    leaves to the Cortex-A; it is computed here and, masking nothing, dropped."""
+    import torch
+
+    from converters.fx_attention_masks import bound_program_masks
+    from converters.pipeline import load_and_fold
+
+    folded = load_and_fold(examples.path("hf-vit-mnist-un"))
+    example = tuple(a[:2] for a in folded.example)
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    attentions = [n for n in folded.folded.graph.nodes if n.target == sdpa]
+    assert attentions and all(len(n.args) > 3 and n.args[3] is not None for n in attentions)
+    before = folded.folded(*example).logits
+    assert bound_program_masks(folded.folded) == len(attentions)
+    attentions = [n for n in folded.folded.graph.nodes if n.target == sdpa]
+    assert all((n.args[3:4] or [None])[0] is None for n in attentions)
+    ops = {n.target for n in folded.folded.graph.nodes}
+    assert torch.ops.aten.where.Scalar not in ops and torch.ops.aten.arange.default not in ops
+    torch.testing.assert_close(folded.folded(*example).logits, before, rtol=1e-5, atol=1e-5)
