@@ -291,7 +291,8 @@ def _route_summary(rows: list[dict], route: str) -> str:
 
 
 def _default_routes(rows: list[dict]) -> str:
-    """Per source kind, the route that built most, then most within the bars, then fastest."""
+    """Per source kind, the route that built most, then most within the bars, then left the
+    fewest ops to the Cortex-A (the cost a board pays on every inference), then fastest."""
     parts = []
     for kind, torch_source in (("torch sources (checkpoint, directory, pt2)", True),
                                ("ONNX sources", False)):  # fmt: skip
@@ -304,8 +305,10 @@ def _default_routes(rows: list[dict]) -> str:
             built = [r for r in mine if _built(r)]
             seconds = _median([r["build_s"] for r in built]) or float("inf")
             ok = sum(r["status"] == "ok" for r in built)
-            scores.append(((len(built), ok, -seconds), route, f"{len(built)}/{len(mine)} built, "
-                           f"{ok} within the bars, median build {seconds:.0f} s"))  # fmt: skip
+            cpu_ops = sum(len(r["cpu_ops"] or []) for r in built)
+            scores.append(((len(built), ok, -cpu_ops, -seconds), route,
+                           f"{len(built)}/{len(mine)} built, {ok} within the bars, {cpu_ops} "
+                           f"Vela CPU ops in all, median build {seconds:.0f} s"))  # fmt: skip
         if scores:
             best = max(scores)
             others = "; ".join(f"{name}: {text}" for _, name, text in scores if name != best[1])
