@@ -43,7 +43,9 @@ def convert(program: Path, sample: Path, out: Path) -> None:
     else:  # named, so that the file's signature says which input is which
         try:
             edge = litert_torch.convert(program_module, sample_args=(), sample_kwargs=inputs)
-        except TypeError:  # a forward(*inputs): name them through a wrapper
+        except (TypeError, ValueError):  # positional inputs: name them through a wrapper
+            # (TypeError: a forward(*inputs); ValueError: a program exported with positional
+            # arguments, e.g. a user's .pt2 of a text model, refuses keywords)
             edge = litert_torch.convert(
                 _named(torch)(program_module, list(inputs)), sample_args=(), sample_kwargs=inputs
             )

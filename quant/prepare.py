@@ -24,6 +24,7 @@ import torch
 
 from converters.attention_masks import bound_attention_masks
 from converters.fx_attention_masks import bound_program_masks
+from converters.fx_integer_argmax import integer_argmax_as_top1
 from converters.pipeline import FoldedSource, export_folded, load_and_fold
 from converters.progress import Progress, ProgressEvent
 from converters.source import ModelSource
@@ -238,6 +239,7 @@ def tflite_program(
         example = tuple(a[:1] for a in folded.example)
         folded_copy = copy.deepcopy(folded.folded)
         bound_program_masks(folded_copy)  # as bound_attention_masks does to the ONNX export
+        integer_argmax_as_top1(folded_copy)  # Vela compiles no model with an int32 ARG_MAX
         with torch.no_grad():
             plain = isinstance(folded_copy(*example), torch.Tensor)
         # a wrapper's program names every op after it: only where the output needs one

@@ -195,3 +195,93 @@ def test_a_mask_that_masks_nothing_is_dropped() -> None:
     ops = {n.target for n in folded.folded.graph.nodes}
     assert torch.ops.aten.where.Scalar not in ops and torch.ops.aten.arange.default not in ops
     torch.testing.assert_close(folded.folded(*example).logits, before, rtol=1e-5, atol=1e-5)
+
+
+def test_a_users_program_of_a_text_model_takes_the_direct_route(tmp_path: Path) -> None:
+    """The HF BERT as a user's ``torch.export`` file: a program that takes its two inputs by
+    position, which refuses them by name (litert-torch then gets them through a wrapper that
+    names them): full int8, within the bars, its signature naming both inputs."""
+    import torch
+
+    import edge_un
+    from quant.data import InputSpec, checkpoint_samples
+    from quant.pipeline import convert
+
+    model, info = edge_un.load_pretrained(examples.path("hf-bert-rt-un"))
+    length = info.metadata["preprocessing"]["tokenizer"]["max_len"]
+    specs = tuple(InputSpec(n, (length,), "int64") for n in ("input_ids", "attention_mask"))
+    calib = checkpoint_samples(info, "train", 64, specs)
+    evaluation = checkpoint_samples(info, "test", specs=specs).head(200)
+    np.savez(tmp_path / "calib.npz", **calib.feeds)
+    np.savez(tmp_path / "eval.npz", **evaluation.feeds, labels=evaluation.labels)
+    example = tuple(torch.from_numpy(a[:1]) for a in evaluation.feeds.values())
+    torch.export.save(torch.export.export(model, example), tmp_path / "model.pt2")
+    report = convert(tmp_path / "model.pt2", targets="imx93", out_dir=tmp_path / "out",
+                     calib=tmp_path / "calib.npz", eval=tmp_path / "eval.npz",
+                     latency_runs=3)  # fmt: skip
+    imx93 = report.targets["imx93"]
+    assert imx93.status == "ok", imx93.error
+    assert imx93.tflite_route.name == "litert-torch", imx93.tflite_route.reason
+    assert imx93.drift.within_bar and imx93.drift.agreement >= 0.99
+    info8 = inspect_tflite(tmp_path / "out" / "imx93" / "model_int8.tflite")
+    check_full_integer(info8, io_dtype="int8")
+    assert [i.name for i in imx93.inputs] == ["input_ids", "attention_mask"]
+
+
+def test_an_integer_argmax_becomes_a_top1_and_a_float_one_stays(tmp_path: Path) -> None:
+    """converters.fx_integer_argmax on a program with both kinds: no integer argmax left, the
+    same indices in torch; and LiteRT's TOPK_V2, which runs it on the board, gives the first of
+    equal values as argmax does (torch's own topk need not: the ties are checked on LiteRT)."""
+    import torch
+    from ai_edge_litert.interpreter import Interpreter
+
+    from converters.fx_integer_argmax import integer_argmax_as_top1
+    from quant.tflite_direct import convert_float
+
+    class LastToken(torch.nn.Module):
+        def forward(self, ids: torch.Tensor, scores: torch.Tensor) -> tuple:
+            positions = torch.arange(ids.shape[-1])
+            last = (positions * (ids != 0).to(torch.int32)).argmax(-1)
+            return last, scores.argmax(-1, keepdim=True), (ids > 5).to(torch.int64).argmax(1)
+
+    ids = torch.tensor([[3, 7, 9, 0, 0], [9, 0, 1, 6, 0], [4, 0, 8, 8, 1]])
+    scores = torch.randn(3, 4)
+    module = torch.export.export(LastToken(), (ids, scores)).module()
+    before = module(ids, scores)
+    assert integer_argmax_as_top1(module) == 2
+    targets = [n.target for n in module.graph.nodes]
+    assert targets.count(torch.ops.aten.argmax.default) == 1  # the float one
+    for got, expected in zip(module(ids, scores), before, strict=True):
+        torch.testing.assert_close(got, expected)
+
+    ties = torch.tensor([[0, 0, 0, 0, 0], [7, 0, 0, 9, 8], [1, 1, 0, 0, 0]])  # equal values
+    program = torch.export.export(module, (ties, torch.zeros(3, 4)))
+    torch.export.save(program, tmp_path / "program.pt2")
+    np.savez(tmp_path / "sample.npz", ids=ties.numpy(), scores=np.zeros((3, 4), np.float32))
+    tflite = convert_float(tmp_path / "program.pt2", tmp_path / "sample.npz", tmp_path / "f.tflite")
+    runner = Interpreter(str(tflite)).get_signature_runner()
+    got = runner(ids=ties.numpy().astype(np.int32), scores=np.zeros((3, 4), np.float32))
+    expected = LastToken()(ties, torch.zeros(3, 4))
+    assert sorted(got) == ["output_0", "output_1", "output_2"]
+    for index in (0, 2):
+        assert got[f"output_{index}"].tolist() == expected[index].tolist(), (index, got)
+
+
+def test_a_gpt2_classifier_compiles_for_the_ethos_u_on_the_direct_route(tmp_path: Path) -> None:
+    """HF's GPT-2 classifier finds the last real token with an integer argmax; as an int32
+    ARG_MAX Vela compiled nothing. On the direct route it is a TOPK_V2 the Cortex-A runs:
+    imx93 ok, and what Vela leaves to the CPU names no ARG_MAX."""
+    from quant.pipeline import convert
+    from testbed import hf_families
+
+    model = hf_families.build("gpt2")
+    calib, evaluation = hf_families.write_data(model, tmp_path)
+    feeds = hf_families.user_feeds(model, 1, 7)
+    source = hf_families.export_as_users_do(model, feeds, tmp_path, ["directory"])["directory"]
+    report = convert(source, targets="imx93", out_dir=tmp_path / "out", calib=calib,
+                     eval=evaluation, latency_runs=3)  # fmt: skip
+    imx93 = report.targets["imx93"]
+    assert imx93.status == "ok", imx93.error
+    assert imx93.tflite_route.name == "litert-torch", imx93.tflite_route.reason
+    cpu = [op.split()[0] for op in imx93.vela.cpu_ops]
+    assert "TOPK_V2" in cpu and "ARG_MAX" not in cpu
