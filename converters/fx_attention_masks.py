@@ -17,6 +17,7 @@ import torch
 from torch.fx import GraphModule
 
 from .attention_masks import MASK_PENALTY, MASKED_AT_MOST
+from .fx_constants import constant_value
 
 _aten = torch.ops.aten
 # The ops a mask is built with, and which of their arguments is the fill or factor.
@@ -81,37 +82,8 @@ def _masks_nothing(mask: torch.fx.Node) -> bool:
     its input's values (its size may follow the input's batch): the values before it decide."""
     while mask.op == "call_function" and mask.target == _aten.expand.default:
         mask = mask.args[0]
-    value = _constant_value(mask)
+    value = constant_value(mask)
     return value is not None and bool(value.all())
-
-
-def _constant_value(node: torch.fx.Node) -> torch.Tensor | None:
-    """The value of ``node`` when it depends on no input and no weight (a mask built from
-    ``arange`` and comparisons), computed here; None otherwise. A converter keeps such a
-    subgraph as ops on the accelerator's fallback (BROADCAST_TO, SELECT_V2) rather than fold it."""
-    order: list[torch.fx.Node] = []
-    seen: set[torch.fx.Node] = set()
-
-    def visit(current: torch.fx.Node) -> bool:
-        if current in seen:
-            return True
-        if current.op != "call_function":
-            return False
-        if not all(visit(arg) for arg in current.all_input_nodes):
-            return False
-        seen.add(current)
-        order.append(current)
-        return True
-
-    if not visit(node):
-        return None
-    values: dict[torch.fx.Node, object] = {}
-    for current in order:
-        args = torch.fx.node.map_arg(current.args, values.__getitem__)
-        kwargs = torch.fx.node.map_arg(current.kwargs, values.__getitem__)
-        values[current] = current.target(*args, **kwargs)
-    value = values[node]
-    return value if isinstance(value, torch.Tensor) else None
 
 
 def _mask_argument(node: torch.fx.Node) -> tuple[object, bool]:

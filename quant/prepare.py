@@ -24,6 +24,7 @@ import torch
 
 from converters.attention_masks import bound_attention_masks
 from converters.fx_attention_masks import bound_program_masks
+from converters.fx_constants import fold_constant_subgraphs
 from converters.fx_integer_argmax import integer_argmax_as_top1
 from converters.pipeline import FoldedSource, export_folded, load_and_fold
 from converters.progress import Progress, ProgressEvent
@@ -240,6 +241,7 @@ def tflite_program(
         folded_copy = copy.deepcopy(folded.folded)
         bound_program_masks(folded_copy)  # as bound_attention_masks does to the ONNX export
         integer_argmax_as_top1(folded_copy)  # Vela compiles no model with an int32 ARG_MAX
+        fold_constant_subgraphs(folded_copy)  # as the ONNX exporter folds them
         with torch.no_grad():
             plain = isinstance(folded_copy(*example), torch.Tensor)
         # a wrapper's program names every op after it: only where the output needs one
