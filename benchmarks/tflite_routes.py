@@ -218,8 +218,10 @@ def _bert_base() -> Any:
 
 
 def _uncommitted() -> bool:
-    """Whether the tracked code measured differs from HEAD (read only: no index refresh)."""
-    diff = ["git", "--no-optional-locks", "diff", "--quiet", "HEAD"]
+    """Whether the tracked code measured differs from HEAD (read only: no index refresh); the
+    results of a group run just before (this benchmark's own files) are not code."""
+    diff = ["git", "--no-optional-locks", "diff", "--quiet", "HEAD", "--", ".",
+            ":(exclude)benchmarks/results"]  # fmt: skip
     return subprocess.run(diff, cwd=ROOT, check=False).returncode != 0
 
 

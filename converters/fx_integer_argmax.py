@@ -29,6 +29,8 @@ def integer_argmax_as_top1(module: GraphModule) -> int:
         value = getattr(source, "meta", {}).get("val")
         if dim is None or value is None or value.dtype.is_floating_point:
             continue
+        if value.dtype == torch.bool:  # topk takes no bool: left as it is
+            continue
         graph = module.graph
         with graph.inserting_before(node):
             top = graph.call_function(_aten.topk.default, (source, 1, dim))
