@@ -17,7 +17,7 @@ import torch
 from torch.fx import GraphModule
 
 from .attention_masks import MASK_PENALTY, MASKED_AT_MOST
-from .fx_constants import constant_value
+from .fx_constants import constant_value, input_free_nodes
 
 _aten = torch.ops.aten
 # The ops a mask is built with, and which of their arguments is the fill or factor.
@@ -55,6 +55,7 @@ def _additive_sdpa_masks(module: GraphModule) -> int:
     as the additive mask it stands for, ``where(mask, 0, MASK_PENALTY)``: the converter would
     otherwise fill the masked scores with float32-min inside the attention."""
     changed = 0
+    free = input_free_nodes(module.graph)  # once: a rewrite adds nodes, no mask's ancestor changes
     for node in list(module.graph.nodes):
         if node.op != "call_function" or node.target != _aten.scaled_dot_product_attention.default:
             continue
@@ -62,7 +63,7 @@ def _additive_sdpa_masks(module: GraphModule) -> int:
         value = getattr(mask, "meta", {}).get("val")
         if value is None or value.dtype != torch.bool:
             continue
-        if _masks_nothing(mask):
+        if _masks_nothing(mask, free):
             additive = None  # a model without padding (transformers 5's ViT)
         else:
             with module.graph.inserting_before(node):
@@ -77,12 +78,12 @@ def _additive_sdpa_masks(module: GraphModule) -> int:
     return changed
 
 
-def _masks_nothing(mask: torch.fx.Node) -> bool:
+def _masks_nothing(mask: torch.fx.Node, free: set[torch.fx.Node]) -> bool:
     """Whether a boolean mask is True everywhere whatever the input. An ``expand`` only repeats
     its input's values (its size may follow the input's batch): the values before it decide."""
     while mask.op == "call_function" and mask.target == _aten.expand.default:
         mask = mask.args[0]
-    value = constant_value(mask)
+    value = constant_value(mask, free)
     return value is not None and bool(value.all())
 
 

@@ -191,7 +191,7 @@ def tflite_sources(tflite: Path, converted: Converted, fp32: Path) -> dict[str, 
     if tensor_map is None:
         return scoped_sources(graph, converted.module_paths)
     names = [name for _, _, outs in graph for name in outs]
-    has_map = tensor_map is not None and tensor_map.is_file()
+    has_map = tensor_map.is_file()
     renamed = onnx_names(names, tensor_map) if has_map else {}
     model = onnx.load(str(fp32), load_external_data=False)
     outputs = [o.name for o in model.graph.output]
