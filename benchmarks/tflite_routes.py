@@ -32,9 +32,7 @@ import contextlib
 import functools
 import json
 import os
-import re
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,21 +41,31 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.results_main import RESULTS, ROOT, benchmark_main, git_commit, save_figure
+from benchmarks.results_main import RESULTS, ROOT, benchmark_main, git_commit
+from benchmarks.tflite_routes_report import GROUPS, NAME, ROUTES, markdown, plot
 
-NAME = "tflite_routes"
-ROUTES = ("litert-torch", "onnx2tf")
-GROUPS = ("bundled", "families", "scale")
 BUNDLED = ("vit-mnist-un", "vit-mnist-ln-to-un", "text-rt-un", "hf-vit-mnist-un", "hf-bert-rt-un")
 WORKER_TIMEOUT_S = 1800
 NOT_APPLICABLE = "an ONNX source has no torch program (auto takes onnx2tf)"
-BUSY = 0.5  # cores kept busy by other work from which a row counts as measured on a busy host
+# the trained group's models, bars on, through both TFLite targets: made by
+# benchmarks.hf_families_trained (LN teacher -> migrate -> int8-ready, kept in
+# $EDGE_UN_BENCH_TEACHERS) and, for a UN model that was not made int8-ready, the bundled LN ViT
+# through `edge-un migrate` alone
+TRAINED = ("hf-vit-un-plain", "swin", "distilbert", "gpt2")
+TRAINED_TARGETS = "imx93,imx8mp"
 
 
 def worker(
-    model: str, out: str, result: str, calib: str = "", evaluation: str = "", bars: str = "on"
+    model: str,
+    out: str,
+    result: str,
+    calib: str = "",
+    evaluation: str = "",
+    bars: str = "on",
+    targets: str = "imx93",
 ) -> None:
-    """One imx93 conversion in this (fresh) process, its row written to ``result`` as JSON;
+    """One conversion for imx93 (and any other ``targets``) in this (fresh) process, its row
+    written to ``result`` as JSON: imx93's figures, and each other target's under its name;
     ``bars="off"`` ships the pure int8 file whatever its drift (no fallback ladder)."""
     import psutil
 
@@ -65,19 +73,23 @@ def worker(
     from benchmarks.latency_stages import tree_memory
     from quant.pipeline import convert
 
-    me, peak, done = psutil.Process(), [0], threading.Event()
+    me, peak, tool_peak, done = psutil.Process(), [0], [0], threading.Event()
 
     def sample() -> None:
         while not done.wait(0.2):
             peak[0] = max(peak[0], tree_memory(me)[0])
+            tool_peak[0] = max(tool_peak[0], _tool_hwm(me))
 
     threading.Thread(target=sample, daemon=True).start()
     clock = TargetClock()
     off = {"max_drift": 100.0, "min_agreement": 0.0} if bars == "off" else {}
     try:
-        report = convert(model, targets="imx93", calib=calib or None, eval=evaluation or None,
+        report = convert(model, targets=targets, calib=calib or None, eval=evaluation or None,
                          out_dir=out, progress=clock, latency_runs=20, **off)  # fmt: skip
         row = _target_row(report.targets["imx93"], report.model.input_dtype)
+        for name, target in report.targets.items():
+            if name != "imx93":
+                row[name] = _other_target(target)
     except Exception as error:  # a failed row, not a failed run
         row = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
     done.set()
@@ -86,8 +98,26 @@ def worker(
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     row |= {"build_s": clock.per_target().get("imx93"), "convert_s": time.perf_counter()
             - clock.started, "peak_rss_gb": max(peak[0], hwm) / 1e9, "self_maxrss_gb": hwm / 1e9,
-            "children_maxrss_gb": children / 1e9}  # fmt: skip
+            "children_maxrss_gb": children / 1e9, "tool_peak_gb": tool_peak[0] / 1e9}  # fmt: skip
     Path(result).write_text(json.dumps(row))
+
+
+def _tool_hwm(process: Any) -> int:
+    """The largest peak RSS (VmHWM) of the converter processes now running under ``process``:
+    those of a tool environment (litert-torch's steps; onnx2tf and TensorFlow's), in bytes."""
+    import psutil
+
+    from quant import toolenv
+
+    envs = tuple(str(env.dir()) for env in toolenv.ENVS.values())
+    largest = 0
+    for child in process.children(recursive=True):
+        with contextlib.suppress(OSError, psutil.Error):
+            if any(part.startswith(envs) for part in child.cmdline()[:1]):
+                status = Path(f"/proc/{child.pid}/status").read_text().splitlines()
+                for line in (ln for ln in status if ln.startswith("VmHWM:")):
+                    largest = max(largest, int(line.split()[1]) * 1024)
+    return largest
 
 
 def _target_row(target: Any, input_dtype: str) -> dict[str, Any]:
@@ -108,7 +138,17 @@ def _target_row(target: Any, input_dtype: str) -> dict[str, Any]:
         "vela_est_ms": vela and vela.est_ms, "xnnpack_taken": xnnpack,
         "p50_ms_1t": one and one.p50_ms, "latency_others_busy": one and one.others_busy_cores,
         "fallback_ops": target.fallback_ops,
+        "tool_convert_s": route and route.convert_s, "tool_quantize_s": route and route.quantize_s,
     }  # fmt: skip
+
+
+def _other_target(target: Any) -> dict[str, Any]:
+    """Another target's status and the shipped file's drift (the build's time is imx93's)."""
+    drift = target.drift
+    return {"status": target.status, "error": target.error,
+            "agreement": drift and drift.agreement, "top1_drop_pts": drift and drift.top1_drop_pts,
+            "shipped": next((a.name for a in target.artifacts if a.name.endswith(".tflite")),
+                            None)}  # fmt: skip
 
 
 def _busy_s() -> float:
@@ -119,14 +159,19 @@ def _busy_s() -> float:
 
 
 def measure(
-    model: Path, route: str, work: Path, data: tuple[Path, Path] | None, bars: str = "on"
+    model: Path,
+    route: str,
+    work: Path,
+    data: tuple[Path, Path] | None,
+    bars: str = "on",
+    targets: str = "imx93",
 ) -> dict:
     """One route on one model, in a fresh process; what other work did on the host meanwhile."""
     work.mkdir(parents=True)
     result, log = work / "row.json", work / "worker.log"
     code = "import sys; from benchmarks.tflite_routes import worker; worker(*sys.argv[1:])"
     args = [sys.executable, "-c", code, str(model), str(work / "out"), str(result)]
-    args += [str(p) for p in data or ("", "")] + [bars]
+    args += [str(p) for p in data or ("", "")] + [bars, targets]
     env = {**os.environ, "EDGE_UN_TFLITE_ROUTE": route}
     ours = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy, started = _busy_s(), time.perf_counter()
@@ -146,7 +191,14 @@ def measure(
 
 
 def _rows_for(
-    name: str, form: str, group: str, model: Path, work: Path, data: Any, bars: str = "on"
+    name: str,
+    form: str,
+    group: str,
+    model: Path,
+    work: Path,
+    data: Any,
+    bars: str = "on",
+    targets: str = "imx93",
 ) -> list:
     rows = []
     for route in ROUTES:
@@ -154,7 +206,8 @@ def _rows_for(
         if form == "onnx" and route == "litert-torch":
             rows.append({**head, "route": route, "status": "n/a", "error": NOT_APPLICABLE})
             continue
-        rows.append({**head, **measure(model, route, work / f"{form}-{route}", data, bars)})
+        rows.append({**head, **measure(model, route, work / f"{form}-{route}", data, bars,
+                                       targets)})  # fmt: skip
         row = rows[-1]
         print(
             f"{name} {form} {route}: {row['status']}, build {row.get('build_s') or 0:.0f} s, "
@@ -191,30 +244,66 @@ def run(only: str | None = None, note: str | None = None) -> dict[str, Any]:
                 forms = hf_families.export_as_users_do(model, feeds, work / family)
                 for form, path in forms.items():
                     rows += _rows_for(family, form, "families", path, work / family, data)
+        if only in (None, "trained"):
+            for name, path in trained_models(work).items():
+                rows += _rows_for(name, "directory", "trained", path, work / name, None,
+                                  targets=TRAINED_TARGETS)  # fmt: skip
         if only in (None, "scale"):
             from testbed import hf_families
 
-            (work / "bert-base").mkdir()
-            model = _bert_base()
-            data = hf_families.write_data(model, work / "bert-base")
-            feeds = hf_families.user_feeds(model, 1, 7)
-            path = hf_families.export_as_users_do(model, feeds, work / "bert-base", ["directory"])
-            rows += _rows_for("bert-base", "directory", "scale", path["directory"],
-                              work / "bert-base", data, bars="off")  # fmt: skip
+            for name, make in SCALE.items():
+                (work / name).mkdir()
+                model = make()
+                data = hf_families.write_data(model, work / name)
+                feeds = hf_families.user_feeds(model, 1, 7)
+                path = hf_families.export_as_users_do(model, feeds, work / name, ["directory"])
+                del model  # the worker loads its own copy: not two in memory at once
+                rows += _rows_for(name, "directory", "scale", path["directory"], work / name,
+                                  data, bars="off")  # fmt: skip
     return {"rows": rows, "host": describe_host().model_dump(), "commit": commit,
             "uncommitted": uncommitted, "run_s": time.perf_counter() - started, "rerun": only,
             "note": note, "load_average_at_end": os.getloadavg()}  # fmt: skip
 
 
-def _bert_base() -> Any:
-    """BERT-base (HF's default config), UN swapped in, trained-looking norm statistics."""
+def trained_models(work: Path) -> dict[str, Path]:
+    """The trained group's directories, each made once (kept in $EDGE_UN_BENCH_TEACHERS when it
+    is set): two trainings at a time, one thread each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from benchmarks import hf_families_trained
+    from benchmarks.hf_migrate import CLI, TEACHERS, made_once
+    from edge_un import examples
+
+    kept = TEACHERS or work
+    plain = kept / "hf-vit-un-plain"
+    migrate = [*CLI, "migrate", str(examples.path("hf-vit-mnist-ln")), "--seed", "0",
+               "--threads", "1", "--out", str(plain)]  # fmt: skip
+    families = [name for name in TRAINED if name in hf_families_trained.MODELS]
+    with ThreadPoolExecutor(max_workers=2) as pool:  # one training per core
+        made = pool.map(lambda model: hf_families_trained.prepare(model, work), families)
+        made_once("hf-vit-un-plain", {"migrated": plain}, {"migrate": migrate}, work)
+        chains = dict(zip(families, made, strict=True))
+    return {"hf-vit-un-plain": plain, **{m: c["paths"]["int8_ready"] for m, c in chains.items()}}
+
+
+def _scaled(family: str) -> Any:
+    """A base-size HF model (its default config), UN swapped in, trained-looking norm
+    statistics, random weights otherwise."""
     import edge_un
     from testbed import hf_families
 
     transformers = edge_un.hf.require_transformers()
-    model = transformers.BertForSequenceClassification(transformers.BertConfig(num_labels=2))
+    model_class, config_class = {
+        "bert-base": ("BertForSequenceClassification", "BertConfig"),
+        "vit-b16": ("ViTForImageClassification", "ViTConfig"),  # 224 x 224, patch 16
+    }[family]
+    config = getattr(transformers, config_class)(num_labels=2)
+    model = getattr(transformers, model_class)(config)
     edge_un.swap_layernorm(model, kind="un")
     return hf_families.randomize_norm_state(model, 0).eval()
+
+
+SCALE = {name: functools.partial(_scaled, name) for name in ("bert-base", "vit-b16")}
 
 
 def _uncommitted() -> bool:
@@ -223,202 +312,6 @@ def _uncommitted() -> bool:
     diff = ["git", "--no-optional-locks", "diff", "--quiet", "HEAD", "--", ".",
             ":(exclude)benchmarks/results"]  # fmt: skip
     return subprocess.run(diff, cwd=ROOT, check=False).returncode != 0
-
-
-def _built(row: dict) -> bool:
-    return row["status"] in ("ok", "over_bar")
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _f(value: float | None, spec: str, scale: float = 1.0) -> str:
-    return "-" if value is None else format(scale * value, spec)
-
-
-def _status(row: dict) -> str:
-    if row["status"] in ("ok", "over_bar"):
-        return row["status"] if row.get("route_taken") == row["route"] else "**other route**"
-    error = _short(row.get("error") or "")
-    error = error if len(error) <= 120 else f"{error[:50]} ... {error[-65:]}"
-    return f"{'**failed**' if row['status'] == 'failed' else row['status']}: " + error.replace(
-        "|", "/"
-    )
-
-
-def _short(error: str) -> str:
-    """An error's first line without the path of its (temporary) log."""
-    return re.sub(r" ?\(log: [^)]*\)", "", error.splitlines()[0] if error else "")
-
-
-def _table(rows: list[dict]) -> list[str]:
-    lines = [
-        "| model | form | route | status | agreement | drop pt | Vela NPU/CPU ops | Vela est ms "
-        "| XNNPACK ops taken | LiteRT p50 ms (1 thread) | TFLite build s | peak RSS GB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        vela = "-" if r.get("npu_ops") is None else f"{r['npu_ops']}/{len(r['cpu_ops'])}"
-        taken = r.get("xnnpack_taken")
-        lines.append(
-            f"| {r['model']} | {r['form']} | {r['route']} | {_status(r)} | "
-            f"{_f(r.get('agreement'), '.1f', 100)} % | {_f(r.get('top1_drop_pts'), '.1f')} | "
-            f"{vela} | {_f(r.get('vela_est_ms'), '.2f')} | "
-            f"{'-' if taken is None else f'{taken[0]}/{taken[1]}'} | "
-            f"{_f(r.get('p50_ms_1t'), '.2f')} | {_f(r.get('build_s'), '.0f')} | "
-            f"{_f(r.get('peak_rss_gb'), '.2f')} |"
-        )
-    return lines
-
-
-def _route_summary(rows: list[dict], route: str) -> str:
-    mine = [r for r in rows if r["route"] == route and r["status"] != "n/a"]
-    built = [r for r in mine if _built(r)]
-    vision = [r for r in built if r.get("vision")]
-    agreement = _median([r["agreement"] for r in built
-                         if r.get("agreement") is not None and r.get("bars") != "off"])  # fmt: skip
-    rss = _median([r["peak_rss_gb"] for r in mine if r.get("peak_rss_gb")])
-    clean = [r for r in vision if r.get("cpu_ops") == []]
-    kinds = sorted({op.split()[0] for r in vision for op in r["cpu_ops"] or []})
-    seconds = _median([r["build_s"] for r in built])
-    return (
-        f"**{route}** built {len(built)} of {len(mine)} applicable rows "
-        f"({sum(r['status'] == 'ok' for r in built)} within the bars), median agreement "
-        f"{_f(agreement, '.1f', 100)} %, median TFLite build {_f(seconds, '.0f')} s, median "
-        f"peak RSS {_f(rss, '.2f')} GB; vision models with 0 Vela CPU ops: {len(clean)} of "
-        f"{len(vision)} built"
-        + (f" (the others leave {', '.join(kinds)} to the CPU)" if kinds else "")
-    )
-
-
-def _default_routes(rows: list[dict]) -> str:
-    """Per source kind, the route that built most, then most within the bars, then left the
-    fewest ops to the Cortex-A (the cost a board pays on every inference), then fastest."""
-    parts = []
-    for kind, torch_source in (("torch sources (checkpoint, directory, pt2)", True),
-                               ("ONNX sources", False)):  # fmt: skip
-        scores = []
-        for route in ROUTES:
-            mine = [r for r in rows if r["route"] == route and r["status"] != "n/a"
-                    and (r["form"] != "onnx") == torch_source]  # fmt: skip
-            if not mine:
-                continue
-            built = [r for r in mine if _built(r)]
-            seconds = _median([r["build_s"] for r in built]) or float("inf")
-            ok = sum(r["status"] == "ok" for r in built)
-            cpu_ops = sum(len(r["cpu_ops"] or []) for r in built)
-            scores.append(((len(built), ok, -cpu_ops, -seconds), route,
-                           f"{len(built)}/{len(mine)} built, {ok} within the bars, {cpu_ops} "
-                           f"Vela CPU ops in all, median build {seconds:.0f} s"))  # fmt: skip
-        if scores:
-            best = max(scores)
-            others = "; ".join(f"{name}: {text}" for _, name, text in scores if name != best[1])
-            parts.append(f"{kind}: **{best[1]}** ({best[2]}" + (f"; against {others})" if others
-                         else "; the only route that applies)"))  # fmt: skip
-    return "Default route per source kind, from these rows: " + ". ".join(parts) + "."
-
-
-def markdown(results: dict[str, Any]) -> str:
-    from quant import report as schema
-    from testbed.hf_families import FAMILIES
-
-    rows, host = results["rows"], schema.Host(**results["host"])
-    busy = [r["others_busy_cores"] for r in rows if r.get("others_busy_cores") is not None]
-    lines = [
-        "# The TFLite routes side by side: litert-torch against onnx2tf, for imx93",
-        "",
-        'Each row: `quant.pipeline.convert(..., targets="imx93", latency_runs=20)` in a fresh '
-        "process with `EDGE_UN_TFLITE_ROUTE` set to the route alone (no fallback). Agreement "
-        "and drop: the shipped int8 file against fp32 (top-1); Vela: ops on the Ethos-U65 / on "
-        "the Cortex-A55, and its estimated ms; XNNPACK: ops its delegate took / ops in the file; "
-        "LiteRT p50 on this host at 1 thread; TFLite build: the imx93 target's seconds (progress "
-        "events: conversion, Vela, drift, latency); peak RSS: the worker's process tree at once. "
-        f'"other route": the report names another route than asked. On {host.label()}, '
-        f"commit {results['commit']}{' (with uncommitted changes)' * results['uncommitted']}, "
-        f"{results['run_s'] / 60:.0f} min. Produced by `python -m benchmarks.tflite_routes`.",
-        "",
-    ]
-    if results.get("note"):
-        lines += [results["note"], ""]
-    if busy and max(busy) >= BUSY:
-        loaded = sum(b >= BUSY for b in busy)
-        mean = statistics.mean(busy)
-        lines += [f"The host ran other work meanwhile: other processes kept {mean:.1f} "
-                  f"cores busy on average (up to {max(busy):.1f} in one row; {loaded} of "
-                  f"{len(busy)} rows at {BUSY} or more), so build times, peak RSS aside, and "
-                  "latencies are slower than on a quiet host.", ""]  # fmt: skip
-    done = {r["model"] for r in rows if r["group"] == "families"}
-    missing = [f for f in FAMILIES if f not in done]
-    if missing:
-        lines += [f"Left out of this run: families {', '.join(missing)}.", ""]
-    for group in GROUPS:
-        mine = [r for r in rows if r["group"] == group]
-        if mine:
-            lines += [f"## {group.capitalize()}", "", *_table(mine), ""]
-            if group == "scale":
-                lines += ["Random weights, drift bars off: the pure int8 file ships whatever "
-                          "its agreement, which measures nothing here (no margins); the row "
-                          "is for the TFLite build's time and peak memory.", ""]  # fmt: skip
-    pairs = {}
-    for r in rows:
-        pairs.setdefault((r["model"], r["form"]), {})[r["route"]] = r
-    ratios = [p["litert-torch"]["build_s"] / p["onnx2tf"]["build_s"] for p in pairs.values()
-              if all(route in p and _built(p[route]) for route in ROUTES)]  # fmt: skip
-    agree = sum(p["litert-torch"]["agreement"] >= p["onnx2tf"]["agreement"] for p in pairs.values()
-                if all(route in p and _built(p[route]) for route in ROUTES))  # fmt: skip
-    lines += ["## What the numbers say", ""]
-    lines += [f"- {_route_summary(rows, route)}." for route in ROUTES]
-    lines += [
-        f"- Built by both: {len(ratios)} model x form; TFLite build time litert-torch / onnx2tf, "
-        f"median {_f(_median(ratios), '.2f')} (range {_f(min(ratios, default=None), '.2f')} - "
-        f"{_f(max(ratios, default=None), '.2f')}); litert-torch's agreement at least "
-        f"onnx2tf's on {agree} of {len(ratios)}.",
-        f"- {_default_routes(rows)}",
-    ]
-    failed = [r for r in rows if r["status"] == "failed"]
-    if failed:
-        lines += ["", "## Failed", ""]
-        lines += [f"- {r['model']} {r['form']} {r['route']}: {_short(r['error'])}" for r in failed]
-    return "\n".join(lines) + "\n"
-
-
-def plot(results: dict[str, Any]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    rows = results["rows"]
-    keys = list(dict.fromkeys((r["model"], r["form"]) for r in rows))
-    by_key = {(r["model"], r["form"], r["route"]): r for r in rows}
-    figure, axes = plt.subplots(2, 1, figsize=(max(10, 0.42 * len(keys)), 8), sharex=True)
-    x, width = np.arange(len(keys)), 0.4
-    panels = (("build_s", 1, "imx93 TFLite build (s)"), ("agreement", 100, "agreement (%)"))
-    for axis, (field, scale, label) in zip(axes, panels, strict=True):
-        for i, route in enumerate(ROUTES):
-            values = []
-            for key in keys:
-                row = by_key.get((*key, route))
-                values.append(scale * row[field] if row and _built(row) and row.get(field)
-                              is not None else np.nan)  # fmt: skip
-            axis.bar(x + (i - 0.5) * width, values, width, label=route)
-            for j, value in enumerate(values):
-                if np.isnan(value):
-                    row = by_key.get((*keys[j], route))
-                    mark = "n/a" if row and row["status"] == "n/a" else "x"
-                    at = axis.get_xaxis_transform()
-                    axis.text(x[j] + (i - 0.5) * width, 0.02, mark, ha="center", va="bottom",
-                              fontsize=6, rotation=90, transform=at)  # fmt: skip
-        axis.set_ylabel(label)
-        axis.legend(fontsize=8)
-    bottom = min((100 * r["agreement"] for r in rows if _built(r) and r.get("agreement")),
-                 default=90)  # fmt: skip
-    axes[1].set_ylim(min(bottom - 1, 99), 100.5)
-    axes[1].set_xticks(x, [f"{m}\n{f}" for m, f in keys], rotation=90, fontsize=7)
-    axes[0].set_title("imx93: litert-torch against onnx2tf, per model and form")
-    save_figure(figure, NAME)
 
 
 def main() -> None:

@@ -9,7 +9,11 @@ edge-un: the three steps of the direct route, each a command of its own (``quant
         tensor's min and max over all of them. Its default update is a moving average of each
         sample's (factor 0.95), which clips the rare large activations a transformer's residual
         stream has: on the bundled ViT the logits' SQNR fell to 13.6 dB and agreement to 99.7 %;
-        with the plain min/max 99.8 %, cosine 0.9995, as TensorFlow's converter gives.
+        with the plain min/max 99.8 %, cosine 0.9995, as TensorFlow's converter gives. Min/max
+        is all it needs, so the interpreter's own profiler tracks them (its profiler-based
+        mode) instead of Python copying out every tensor, weights included, after each sample
+        (its default mode): the bundled ViT's 256 samples 11.6 s -> 0.65 s, the same ranges
+        and the same int8 file, byte for byte, on the bundled ViT, text model and HF BERT.
     quantize  FLOAT.tflite RANGES.npz PLAN.json OUT.tflite
         static quantization from those ranges: per-channel int8 weights, per-tensor activations
         int8, the ops PLAN names (by output tensor) with int16 activations, or every op with
@@ -97,16 +101,27 @@ def calibrate(float_file: Path, calibration: Path, ranges: Path) -> None:
     run = calibrator.Calibrator(
         plan._float_model_buffer,
         num_threads=1,
+        mode=calibrator.CalibrationMode.CALIBRATION_PROFILER_BASED,
         qsv_update_func=qsv_utils.min_max_update,
     )
     run.calibrate({key: samples}, plan._recipe_manager)
     found = run.get_model_qsvs()
+    ranks = _tensor_ranks(float_file)
     tensors = sorted(name for name, qsv in found.items() if qsv)
     arrays = {"names": np.array(tensors)}
     for index, name in enumerate(tensors):
-        arrays[f"min{index}"] = np.asarray(found[name]["min"])
-        arrays[f"max{index}"] = np.asarray(found[name]["max"])
+        # as the default mode keeps them (float32, one element per axis), so that the
+        # quantizer's arithmetic, and so the file, is the same whichever mode calibrated
+        keep = (1,) * ranks[name]
+        arrays[f"min{index}"] = np.asarray(found[name]["min"], np.float32).reshape(keep)
+        arrays[f"max{index}"] = np.asarray(found[name]["max"], np.float32).reshape(keep)
     np.savez(ranges, **arrays)
+
+
+def _tensor_ranks(float_file: Path) -> dict[str, int]:
+    from ai_edge_litert.interpreter import Interpreter
+
+    return {d["name"]: len(d["shape"]) for d in Interpreter(str(float_file)).get_tensor_details()}
 
 
 def quantize(float_file: Path, ranges: Path, plan_file: Path, out: Path) -> None:

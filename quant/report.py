@@ -283,6 +283,15 @@ class TfliteRoute(_Model):
         "ai-edge-quantizer; onnx2tf: the fp32 ONNX file through TensorFlow's converter"
     )
     reason: str = Field(description="why this route: the default for the source, or why not")
+    convert_s: float | None = Field(
+        default=None,
+        description="seconds the route took to the float .tflite (litert-torch's converter; "
+        "onnx2tf and TensorFlow's), once per job: targets of one job share it",
+    )
+    quantize_s: float | None = Field(
+        default=None, description="seconds from the float file to the pure int8 file: "
+        "calibration and quantization",
+    )
 
 
 class TargetResult(_Model):

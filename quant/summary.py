@@ -176,6 +176,20 @@ def matmul_operands_line(target: TargetReport) -> str | None:
     return "; ".join(parts) or None
 
 
+def route_line(target: TargetReport) -> str | None:
+    """Which converter made a TFLite target's files, why, and how long its two steps took."""
+    route = target.tflite_route
+    if route is None:
+        return None
+    steps = [
+        f"{what} {seconds:.0f} s"
+        for what, seconds in (("to float", route.convert_s), ("to int8", route.quantize_s))
+        if seconds is not None
+    ]
+    timing = f" ({', '.join(steps)})" if steps else ""
+    return f"TFLite route: {route.name}{timing}: {route.reason}"
+
+
 def power_of_two_line(target: TargetReport) -> str | None:
     """A power-of-two target's scales in one line: which way they were rounded, and each
     residual stream's factor (``quant.pow2_grid``)."""
@@ -275,6 +289,8 @@ def summary_markdown(report: Report) -> str:
         lines += [f"- runtime: {target.runtime}; rules: {'; '.join(target.rules)}"]
         if target.error:
             lines.append(f"- FAILED: {target.error}")
+        if route := route_line(target):
+            lines.append(f"- {route}")
         if target.inputs:
             lines.append(f"- takes (batch 1 shown without its batch axis): {inputs_line(target)}")
         for item in target.artifacts:

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
-from ai_edge_litert.tools import flatbuffer_utils
 
-from .tflite_flatbuffer import op_type
+from .tflite_flatbuffer import op_type, read_model, write_model
 
 _DTYPES = {schema.TensorType.INT8: np.int8, schema.TensorType.FLOAT32: np.float32}
 
@@ -25,7 +24,7 @@ _DTYPES = {schema.TensorType.INT8: np.int8, schema.TensorType.FLOAT32: np.float3
 def depthwise_as_conv(path: Path) -> int:
     """Rewrite ``path`` in place; how many ops became CONV_2D (the file is left as it was
     when none)."""
-    model = flatbuffer_utils.read_model(str(path))
+    model = read_model(path)
     graph = model.subgraphs[0]
     rewritten = 0
     for op in graph.operators or []:
@@ -58,7 +57,7 @@ def depthwise_as_conv(path: Path) -> int:
         op.opcodeIndex = _opcode(model, schema.BuiltinOperator.CONV_2D, version=3)
         rewritten += 1
     if rewritten:
-        flatbuffer_utils.write_model(model, str(path))
+        write_model(model, path)
     return rewritten
 
 

@@ -16,15 +16,14 @@ from pathlib import Path
 
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
-from ai_edge_litert.tools import flatbuffer_utils
 
-from .tflite_flatbuffer import op_type
+from .tflite_flatbuffer import op_type, read_model, write_model
 
 
 def quantize_embedding_tables(path: Path) -> int:
     """Rewrite ``path`` in place; how many lookups now read an int8 table (the file is left as
     it was when none)."""
-    model = flatbuffer_utils.read_model(str(path))
+    model = read_model(path)
     graph = model.subgraphs[0]
     operators = list(graph.operators or [])
     readers: dict[int, list[schema.OperatorT]] = {}
@@ -73,7 +72,7 @@ def quantize_embedding_tables(path: Path) -> int:
     if not dropped and not rewritten:
         return 0
     graph.operators = [op for op in operators if all(op is not d for d in dropped)]
-    flatbuffer_utils.write_model(model, str(path))
+    write_model(model, path)
     return len(dropped) + rewritten
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from ai_edge_litert import schema_py_generated as schema
+from ai_edge_litert.tools import flatbuffer_utils
 
 from .errors import RuleViolation
 
@@ -77,6 +79,24 @@ class TfliteInfo:
     @property
     def output_dtypes(self) -> tuple[str, ...]:
         return tuple(t.dtype for t in self.outputs)
+
+
+def read_model(path: Path) -> schema.ModelT:
+    """``path`` as LiteRT's object API reads it, for an edit, each buffer's data an array.
+
+    ai-edge-quantizer stores a large model's buffers after the flatbuffer, by offset, and
+    ``flatbuffer_utils.read_model`` reads those back as ``bytes``, which its writer then packs
+    one byte per Python call: BERT-base's int8 file (110 MB) took 83 s to write, not a second.
+    """
+    model = flatbuffer_utils.read_model(str(path))
+    for buffer in model.buffers or []:
+        if isinstance(buffer.data, bytes | bytearray | memoryview):
+            buffer.data = np.frombuffer(buffer.data, np.uint8)
+    return model
+
+
+def write_model(model: schema.ModelT, path: Path) -> None:
+    flatbuffer_utils.write_model(model, str(path))
 
 
 def _op_name(code: schema.OperatorCodeT) -> str:

@@ -99,7 +99,9 @@ def convert_for_target(job: TargetJob, work: Path) -> Converted:
             direct_failed = str(error)
         else:
             reason = "the default for a torch source: its folded program, straight to LiteRT"
-            return Converted(schema.TfliteRoute(name=DIRECT, reason=reason), direct=direct)
+            route = schema.TfliteRoute(name=DIRECT, reason=reason, convert_s=direct.convert_s,
+                                       quantize_s=direct.quantize_s)  # fmt: skip
+            return Converted(route, direct=direct)
     if direct_failed and chosen == DIRECT:
         raise TfliteConversionError(f"litert-torch: {direct_failed}")
     if direct_failed:
@@ -116,7 +118,9 @@ def convert_for_target(job: TargetJob, work: Path) -> Converted:
             failed = f"litert-torch: {direct_failed}; then onnx2tf: {failed}"
         raise TfliteConversionError(failed) from None
     reason = f"the direct route was not taken: {why}"
-    return Converted(schema.TfliteRoute(name=ONNX2TF, reason=reason), onnx2tf=onnx2tf)
+    route = schema.TfliteRoute(name=ONNX2TF, reason=reason, convert_s=onnx2tf.onnx2tf_s,
+                               quantize_s=onnx2tf.quantize_s)  # fmt: skip
+    return Converted(route, onnx2tf=onnx2tf)
 
 
 def chosen_route() -> str:

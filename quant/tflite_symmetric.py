@@ -31,9 +31,8 @@ from pathlib import Path
 
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
-from ai_edge_litert.tools import flatbuffer_utils
 
-from .tflite_flatbuffer import op_type, tensor_indices, tensor_name
+from .tflite_flatbuffer import op_type, read_model, tensor_indices, tensor_name, write_model
 
 # op -> the inputs whose int8 quantization its kernel requires equal to its output's (None: all)
 PASS_THROUGH: dict[str, tuple[int, ...] | None] = {
@@ -105,7 +104,7 @@ def make_matmul_operands_symmetric(
     BATCH_MATMUL's right operand at zero point 0 where its producer can be requantized; what
     changed, or why not, one record per group (none when every right operand was symmetric)."""
     source, destination = Path(source), Path(destination)
-    model = flatbuffer_utils.read_model(str(source))
+    model = read_model(source)
     graph = model.subgraphs[0]
     groups = _groups(model, graph)
     matmuls: dict[int, int] = {}  # group root -> right operands it feeds, in graph order
@@ -140,7 +139,7 @@ def make_matmul_operands_symmetric(
             )
         )
     if any(r.new_scale is not None for r in records):
-        flatbuffer_utils.write_model(model, str(destination))
+        write_model(model, destination)
     elif source.resolve() != destination.resolve():
         shutil.copyfile(source, destination)
     return tuple(records)

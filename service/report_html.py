@@ -28,6 +28,7 @@ from quant.summary import (
     latency_title,
     matmul_operands_line,
     norms_line,
+    route_line,
     worst_layer_rows,
 )
 
@@ -253,6 +254,8 @@ def _target_details(target: TargetReport) -> str:
         parts += ["<p>ops off the accelerator:</p>", _list(fallback_op_lines(target))]
     if operands := matmul_operands_line(target):
         parts.append(f"<p>{escape(operands)}</p>")
+    if route := route_line(target):
+        parts.append(f"<p>{escape(route)}</p>")
     parts.append("</section>")
     return "".join(parts)
 

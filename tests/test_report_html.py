@@ -149,6 +149,9 @@ def test_report_page_renders_in_chromium(browser, page_server, report: Report) -
     assert f"measured on {report.host.label()}" in browser.execute_script(text, "#latency-host")
     host = browser.execute_script(text, "#host")
     assert report.host.int8_kernels in host and report.host.versions["onnxruntime"] in host
+    # which converter made the TFLite file, and why: in its target's section, not the cpu's
+    assert "TFLite route: litert-torch (to float " in browser.execute_script(text, "#target-imx93")
+    assert "TFLite route" not in browser.execute_script(text, "#target-cpu")
 
 
 def test_hostile_names_stay_text_in_chromium(browser, page_server, report: Report) -> None:

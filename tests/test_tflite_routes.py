@@ -11,6 +11,7 @@ import pytest
 
 from edge_un import examples
 from quant.data import Samples
+from quant.report import SUMMARY_FILE
 from quant.tflite_depthwise import depthwise_as_conv
 from quant.tflite_direct import convert_direct
 from quant.tflite_flatbuffer import check_full_integer, inspect_tflite
@@ -38,6 +39,12 @@ def test_a_torch_source_takes_the_direct_route_full_int8_and_all_on_the_npu(
     check_full_integer(info, io_dtype="int8")
     assert "DEPTHWISE_CONV_2D" not in info.op_histogram and info.op_histogram["CONV_2D"] == 1
     assert imx93.vela.cpu_ops == [] and imx93.fallback_ops == []
+    # the route's two steps are timed, and the summary says which route made the file and why
+    route = imx93.tflite_route
+    assert route.convert_s > 0 and route.quantize_s > 0
+    summary = (out / SUMMARY_FILE).read_text()
+    assert f"TFLite route: litert-torch (to float {route.convert_s:.0f} s, " in summary
+    assert route.reason in summary
 
 
 def test_an_onnx_source_takes_the_onnx2tf_route_and_says_why(tmp_path: Path) -> None:
@@ -52,6 +59,7 @@ def test_an_onnx_source_takes_the_onnx2tf_route_and_says_why(tmp_path: Path) -> 
     assert imx8mp.status == "ok", imx8mp.error
     assert imx8mp.tflite_route.name == "onnx2tf"
     assert "ONNX source has no torch program" in imx8mp.tflite_route.reason
+    assert imx8mp.tflite_route.convert_s > 0 and imx8mp.tflite_route.quantize_s > 0
 
 
 def _folded():

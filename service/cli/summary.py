@@ -65,7 +65,7 @@ def print_summary(console: Console, report: Report, headline: bool = True) -> No
 
 def print_details(console: Console, report: Report) -> None:
     """What ``report`` adds to the summary: the model, the data, each artifact, the failures."""
-    from quant.summary import norms_line
+    from quant.summary import norms_line, route_line
 
     model, reference = report.model, report.reference
     about = output.table("", "", title=f"{model.name} (edge-un {report.edge_un_version})")
@@ -94,6 +94,9 @@ def print_details(console: Console, report: Report) -> None:
     output.print_table(console, artifacts)
     console.print()
     _print_layers(console, report)
+    for target in report.targets.values():
+        if route := route_line(target):
+            console.print(f"{target.name}: {route}")
     for target in report.targets.values():
         if target.error:
             console.print(f"{target.name} failed: {target.error}", style="red")
