@@ -2,7 +2,7 @@
 ai-edge-quantizer) against onnx2tf (the fp32 ONNX file -> TensorFlow), for imx93 (Vela).
 
     .venv/bin/python -m benchmarks.tflite_routes                  # ~1 h on 2 cores
-    .venv/bin/python -m benchmarks.tflite_routes --only bundled   # or families, scale: one group
+    .venv/bin/python -m benchmarks.tflite_routes --only bundled   # or families, trained, scale
     .venv/bin/python -m benchmarks.tflite_routes --report-only    # Markdown and plot from the JSON
     (--note "..." adds a sentence on how or where it ran to the results)
 
@@ -15,14 +15,23 @@ fallback); an ONNX source has no torch program, so its litert-torch row is "n/a"
 row: the route the report names, status and error, agreement / top-1 drop / cosine of the shipped
 file, Vela's NPU / CPU ops, cycles and estimated ms, the ops XNNPACK took and LiteRT's p50 at one
 thread, the imx93 build's seconds (progress events, ``TargetClock``), the process's wall time,
-the peak RSS of the worker's process tree (itself and the build and tool processes it starts,
-sampled every 0.2 s, never below its own VmHWM; ``getrusage``'s figures are kept too), and how
-many cores other work on the host kept busy meanwhile.
+the seconds of the route's own two steps (the report's ``tflite_route``) and the largest peak
+RSS of one of its processes, the peak RSS of the worker's process tree (itself and the build and
+tool processes it starts, sampled every 0.2 s, never below its own VmHWM; ``getrusage``'s
+figures are kept too), and how many cores other work on the host kept busy meanwhile.
 
-The ``scale`` group is BERT-base (HF's default ``BertConfig``, 110 M parameters, UN swapped in,
-random weights with trained-looking norm statistics, 32 tokens) as a ``save_pretrained``
-directory through both routes, the drift bars off: random weights have no margins to keep, so
-the row measures the TFLite build's time and memory, not its accuracy.
+The ``trained`` group converts real trained models with the bars on for imx93 and imx8mp (one
+conversion, two targets): the Swin, DistilBERT and GPT-2 of
+:mod:`benchmarks.hf_families_trained` after ``edge-un finetune --int8-ready``, and a UN model
+that was never made int8-ready, the bundled LayerNorm HF ViT through ``edge-un migrate`` alone.
+Training them takes ~40 min on 2 cores (two at a time); ``EDGE_UN_BENCH_TEACHERS=DIR`` keeps
+them for the next run.
+
+The ``scale`` group is BERT-base (HF's default ``BertConfig``, 110 M parameters, 32 tokens) and
+ViT-B/16 (``ViTConfig``'s defaults, 224 x 224), UN swapped in, random weights with
+trained-looking norm statistics, as ``save_pretrained`` directories through both routes, the
+drift bars off: random weights have no margins to keep, so the rows measure the TFLite build's
+time and memory, not its accuracy.
 """
 
 from __future__ import annotations
@@ -121,6 +130,8 @@ def _tool_hwm(process: Any) -> int:
 
 
 def _target_row(target: Any, input_dtype: str) -> dict[str, Any]:
+    from quant.summary import precision_cell
+
     drift, vela, route = target.drift, target.vela, target.tflite_route
     one = next(
         (lat for lat in target.latency if lat.runtime == "litert" and lat.threads == 1), None
@@ -139,16 +150,18 @@ def _target_row(target: Any, input_dtype: str) -> dict[str, Any]:
         "p50_ms_1t": one and one.p50_ms, "latency_others_busy": one and one.others_busy_cores,
         "fallback_ops": target.fallback_ops,
         "tool_convert_s": route and route.convert_s, "tool_quantize_s": route and route.quantize_s,
+        "precision": precision_cell(target),
     }  # fmt: skip
 
 
 def _other_target(target: Any) -> dict[str, Any]:
     """Another target's status and the shipped file's drift (the build's time is imx93's)."""
+    from quant.summary import precision_cell
+
     drift = target.drift
     return {"status": target.status, "error": target.error,
             "agreement": drift and drift.agreement, "top1_drop_pts": drift and drift.top1_drop_pts,
-            "shipped": next((a.name for a in target.artifacts if a.name.endswith(".tflite")),
-                            None)}  # fmt: skip
+            "precision": precision_cell(target)}  # fmt: skip
 
 
 def _busy_s() -> float:
@@ -220,11 +233,16 @@ def _rows_for(
 def run(only: str | None = None, note: str | None = None) -> dict[str, Any]:
     from edge_un import examples
     from quant.host import describe_host
+    from quant.report import Host
 
     previous = RESULTS / f"{NAME}.json"
-    kept = json.loads(previous.read_text())["rows"] if only and previous.is_file() else []
-    rows = [r for r in kept if r["group"] != only]
+    earlier = json.loads(previous.read_text()) if only and previous.is_file() else {"rows": []}
+    rows = [r for r in earlier["rows"] if r["group"] != only]
+    for row in rows:  # a row from before rows said where they were measured: its run's
+        row.setdefault("host", Host(**earlier["host"]).label())
+        row.setdefault("commit", earlier["commit"])
     commit, uncommitted = git_commit(), _uncommitted()  # the code measured: as the run starts
+    here, kept = describe_host(), len(rows)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
@@ -260,7 +278,9 @@ def run(only: str | None = None, note: str | None = None) -> dict[str, Any]:
                 del model  # the worker loads its own copy: not two in memory at once
                 rows += _rows_for(name, "directory", "scale", path["directory"], work / name,
                                   data, bars="off")  # fmt: skip
-    return {"rows": rows, "host": describe_host().model_dump(), "commit": commit,
+    for row in rows[kept:]:
+        row |= {"host": here.label(), "commit": commit + "+" * uncommitted}
+    return {"rows": rows, "host": here.model_dump(), "commit": commit,
             "uncommitted": uncommitted, "run_s": time.perf_counter() - started, "rerun": only,
             "note": note, "load_average_at_end": os.getloadavg()}  # fmt: skip
 

@@ -12,6 +12,7 @@ from benchmarks.results_main import save_figure
 NAME = "tflite_routes"
 ROUTES = ("litert-torch", "onnx2tf")
 GROUPS = ("bundled", "families", "trained", "scale")
+OTHER_TARGETS = ("imx8mp",)  # recorded beside imx93 where a group builds them too
 BUSY = 0.5  # cores kept busy by other work from which a row counts as measured on a busy host
 
 
@@ -43,23 +44,49 @@ def _short(error: str) -> str:
 
 
 def _table(rows: list[dict]) -> list[str]:
+    others = sorted({key for r in rows for key in r if key in OTHER_TARGETS})
     lines = [
-        "| model | form | route | status | agreement | drop pt | Vela NPU/CPU ops | Vela est ms "
-        "| XNNPACK ops taken | LiteRT p50 ms (1 thread) | TFLite build s | peak RSS GB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | form | route | status | agreement | drop pt | precision | Vela NPU/CPU ops "
+        "| Vela est ms | XNNPACK ops taken | LiteRT p50 ms (1 thread) | TFLite build s "
+        "| converter s: to float + to int8 | converter peak GB | peak RSS GB |"
+        + "".join(f" {name}: status, agreement, precision |" for name in others),
+        "|---" * (15 + len(others)) + "|",
     ]
     for r in rows:
         vela = "-" if r.get("npu_ops") is None else f"{r['npu_ops']}/{len(r['cpu_ops'])}"
         taken = r.get("xnnpack_taken")
+        tool = (f"{r['tool_convert_s']:.0f} + {r['tool_quantize_s']:.0f}"
+                if r.get("tool_convert_s") is not None else "-")  # fmt: skip
         lines.append(
             f"| {r['model']} | {r['form']} | {r['route']} | {_status(r)} | "
             f"{_f(r.get('agreement'), '.1f', 100)} % | {_f(r.get('top1_drop_pts'), '.1f')} | "
-            f"{vela} | {_f(r.get('vela_est_ms'), '.2f')} | "
+            f"{r.get('precision') or '-'} | {vela} | {_f(r.get('vela_est_ms'), '.2f')} | "
             f"{'-' if taken is None else f'{taken[0]}/{taken[1]}'} | "
-            f"{_f(r.get('p50_ms_1t'), '.2f')} | {_f(r.get('build_s'), '.0f')} | "
-            f"{_f(r.get('peak_rss_gb'), '.2f')} |"
+            f"{_f(r.get('p50_ms_1t'), '.2f')} | {_f(r.get('build_s'), '.0f')} | {tool} | "
+            f"{_f(r.get('tool_peak_gb'), '.2f')} | {_f(r.get('peak_rss_gb'), '.2f')} |"
+            + "".join(f" {_other(r.get(name))} |" for name in others)
         )
     return lines
+
+
+def _other(target: dict | None) -> str:
+    if not target:
+        return "-"
+    if target["status"] == "failed":
+        return f"**failed**: {_short(target.get('error') or '')}"
+    return (f"{target['status']}, {_f(target.get('agreement'), '.1f', 100)} %, "
+            f"{target.get('precision') or '-'}")  # fmt: skip
+
+
+def _stage_line(row: dict) -> str:
+    """A scale row's TFLite stage: the converter's own steps, time and peak memory."""
+    convert, quantize = row.get("tool_convert_s"), row.get("tool_quantize_s")
+    if convert is None:
+        return f"{row['model']} {row['route']}: the converter's steps were not timed in this run"
+    return (f"{row['model']} {row['route']}: the converter's steps {convert + quantize:.0f} s "
+            f"({convert:.0f} s to the float file, {quantize:.0f} s to int8), its largest "
+            f"process {_f(row.get('tool_peak_gb'), '.2f')} GB at peak; the whole imx93 build "
+            f"{row['build_s']:.0f} s")  # fmt: skip
 
 
 def _route_summary(rows: list[dict], route: str) -> str:
@@ -120,13 +147,19 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         'Each row: `quant.pipeline.convert(..., targets="imx93", latency_runs=20)` in a fresh '
         "process with `EDGE_UN_TFLITE_ROUTE` set to the route alone (no fallback). Agreement "
-        "and drop: the shipped int8 file against fp32 (top-1); Vela: ops on the Ethos-U65 / on "
+        "and drop: the shipped file against fp32 (top-1); precision: what it keeps wider than "
+        "int8; Vela: ops on the Ethos-U65 / on "
         "the Cortex-A55, and its estimated ms; XNNPACK: ops its delegate took / ops in the file; "
         "LiteRT p50 on this host at 1 thread; TFLite build: the imx93 target's seconds (progress "
-        "events: conversion, Vela, drift, latency); peak RSS: the worker's process tree at once. "
-        f'"other route": the report names another route than asked. On {host.label()}, '
-        f"commit {results['commit']}{' (with uncommitted changes)' * results['uncommitted']}, "
-        f"{results['run_s'] / 60:.0f} min. Produced by `python -m benchmarks.tflite_routes`.",
+        "events: conversion, Vela, drift, latency); converter: the route's own steps as the "
+        "report times them (litert-torch's conversion to a float file, then calibration and "
+        "quantization; onnx2tf's SavedModel and float file, then TensorFlow's int8 conversion) "
+        "and the largest peak RSS (VmHWM) of one of its processes; peak RSS: the worker's "
+        "process tree at once. "
+        '"other route": the report names another route than asked. Each group says where and '
+        "at which commit (+: with uncommitted changes) its rows were measured; the last run "
+        f"({results['rerun'] or 'every group'}) took {results['run_s'] / 60:.0f} min on "
+        f"{host.label()}. Produced by `python -m benchmarks.tflite_routes`.",
         "",
     ]
     if results.get("note"):
@@ -145,14 +178,24 @@ def markdown(results: dict[str, Any]) -> str:
     for group in GROUPS:
         mine = [r for r in rows if r["group"] == group]
         if mine:
-            lines += [f"## {group.capitalize()}", "", *_table(mine), ""]
+            measured = "; ".join(sorted({f"{r['host']} at {r['commit']}" for r in mine}))
+            lines += [f"## {group.capitalize()}", "", f"Measured on {measured}.", "",
+                      *_table(mine), ""]  # fmt: skip
+            if group == "trained":
+                lines += ["Trained on the data that ships in wheels, bars on (the defaults), "
+                          "imx93 and imx8mp from one conversion: Swin, DistilBERT and GPT-2 "
+                          "through `edge-un migrate` and `edge-un finetune --int8-ready` "
+                          "(`benchmarks.hf_families_trained`); hf-vit-un-plain is the bundled "
+                          "LayerNorm HF ViT through `edge-un migrate` alone, a UN model never "
+                          "made int8-ready.", ""]  # fmt: skip
             if group == "scale":
                 lines += ["Random weights, drift bars off: the pure int8 file ships whatever "
                           "its agreement, which measures nothing here (no margins); the row "
                           "is for the TFLite build's time and peak memory.", ""]  # fmt: skip
+                lines += [f"- {_stage_line(r)}" for r in mine if _built(r)] + [""]
     pairs = {}
     for r in rows:
-        pairs.setdefault((r["model"], r["form"]), {})[r["route"]] = r
+        pairs.setdefault((r["group"], r["model"], r["form"]), {})[r["route"]] = r
     ratios = [p["litert-torch"]["build_s"] / p["onnx2tf"]["build_s"] for p in pairs.values()
               if all(route in p and _built(p[route]) for route in ROUTES)]  # fmt: skip
     agree = sum(p["litert-torch"]["agreement"] >= p["onnx2tf"]["agreement"] for p in pairs.values()
@@ -181,8 +224,8 @@ def plot(results: dict[str, Any]) -> None:
     import numpy as np
 
     rows = results["rows"]
-    keys = list(dict.fromkeys((r["model"], r["form"]) for r in rows))
-    by_key = {(r["model"], r["form"], r["route"]): r for r in rows}
+    keys = list(dict.fromkeys((r["group"], r["model"], r["form"]) for r in rows))
+    by_key = {(r["group"], r["model"], r["form"], r["route"]): r for r in rows}
     figure, axes = plt.subplots(2, 1, figsize=(max(10, 0.42 * len(keys)), 8), sharex=True)
     x, width = np.arange(len(keys)), 0.4
     panels = (("build_s", 1, "imx93 TFLite build (s)"), ("agreement", 100, "agreement (%)"))
@@ -206,6 +249,7 @@ def plot(results: dict[str, Any]) -> None:
     bottom = min((100 * r["agreement"] for r in rows if _built(r) and r.get("agreement")),
                  default=90)  # fmt: skip
     axes[1].set_ylim(min(bottom - 1, 99), 100.5)
-    axes[1].set_xticks(x, [f"{m}\n{f}" for m, f in keys], rotation=90, fontsize=7)
+    axes[1].set_xticks(x, [f"{m}\n{f}" + ("\ntrained" if g == "trained" else "")
+                           for g, m, f in keys], rotation=90, fontsize=7)  # fmt: skip
     axes[0].set_title("imx93: litert-torch against onnx2tf, per model and form")
     save_figure(figure, NAME)

