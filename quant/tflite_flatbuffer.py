@@ -84,9 +84,9 @@ class TfliteInfo:
 def read_model(path: Path) -> schema.ModelT:
     """``path`` as LiteRT's object API reads it, for an edit, each buffer's data an array.
 
-    ai-edge-quantizer stores a large model's buffers after the flatbuffer, by offset, and
-    ``flatbuffer_utils.read_model`` reads those back as ``bytes``, which its writer then packs
-    one byte per Python call: BERT-base's int8 file (110 MB) took 83 s to write, not a second.
+    ai-edge-quantizer stores a large model's buffers after the flatbuffer, by offset;
+    ``flatbuffer_utils.read_model`` reads those back as raw bytes (a memoryview), which its
+    writer packs one byte per Python call: BERT-base's int8 file (110 MB) took 83 s to write.
     """
     model = flatbuffer_utils.read_model(str(path))
     for buffer in model.buffers or []:
