@@ -4,6 +4,8 @@ log kept where the error says."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,9 @@ def test_a_torch_source_takes_the_direct_route_full_int8_and_all_on_the_npu(
     summary = (out / SUMMARY_FILE).read_text()
     assert f"TFLite route: litert-torch (to float {route.convert_s:.0f} s, " in summary
     assert route.reason in summary
+    shown = subprocess.run([sys.executable, "-m", "service.cli", "report", str(out)],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "imx93: TFLite route: litert-torch (to float " in shown
 
 
 def test_an_onnx_source_takes_the_onnx2tf_route_and_says_why(tmp_path: Path) -> None:
