@@ -1,7 +1,7 @@
 """The two TFLite routes side by side: litert-torch (the folded torch program -> LiteRT,
 ai-edge-quantizer) against onnx2tf (the fp32 ONNX file -> TensorFlow), for imx93 (Vela).
 
-    .venv/bin/python -m benchmarks.tflite_routes                  # ~1 h on 2 cores
+    .venv/bin/python -m benchmarks.tflite_routes                  # ~2 h on 2 cores, see below
     .venv/bin/python -m benchmarks.tflite_routes --only bundled   # or families, trained, scale
     .venv/bin/python -m benchmarks.tflite_routes --report-only    # Markdown and plot from the JSON
     (--note "..." adds a sentence on how or where it ran to the results)
