@@ -29,7 +29,7 @@ def _f(value: float | None, spec: str, scale: float = 1.0) -> str:
 
 
 def _status(row: dict) -> str:
-    if row["status"] in ("ok", "over_bar"):
+    if _built(row):
         return row["status"] if row.get("route_taken") == row["route"] else "**other route**"
     error = _short(row.get("error") or "")
     error = error if len(error) <= 120 else f"{error[:50]} ... {error[-65:]}"

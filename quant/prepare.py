@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import ctypes
-import ctypes.util
 import gc
 import json
 from collections.abc import Mapping, Sequence
@@ -151,8 +150,7 @@ def release_freed_memory() -> None:
     the process otherwise): the process that prepared a conversion lives on beside the builds.
     BERT-base: the preparing process 2.2 -> 1.0 GB while its builds and their tools run."""
     gc.collect()  # a module's reference cycles, so that its tensors are freed now
-    libc = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the C library this process runs
     if trim is not None:  # glibc's; another C library has no such call
         trim(0)
 
