@@ -124,19 +124,21 @@ def prepare(name: str, work: Path) -> tuple[Path, Path, Path, int]:
 
 def convert(
     onnx_path: Path,
-    calib: Path,
-    evaluation: Path,
+    calib: Path | None,
+    evaluation: Path | None,
     work: Path,
     settings: Settings,
     parallel: int,
     budget_s: float | None = None,
 ) -> dict:
     """One conversion, all targets, ``parallel`` at once, under the service's job limits; the
-    drift bars off, or (``budget_s``: the builds' time budget) the pipeline's own."""
+    drift bars off, or (``budget_s``: the builds' time budget) the pipeline's own. No ``calib``
+    and ``evaluation``: a model directory that records its data set (its splits are used)."""
     tag = f"{onnx_path.stem}-{parallel}{'' if budget_s is None else '-bars'}"
     result = work / f"{tag}-stages.json"
     limit = settings.job_memory_mb * 1024 * 1024
     bars = NO_BARS if budget_s is None else ["--budget-s", str(budget_s)]
+    data = [] if calib is None else ["--calib", str(calib), "--eval", str(evaluation)]
 
     def limits() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -144,8 +146,7 @@ def convert(
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            [*STAGES, str(onnx_path), str(work / f"{tag}-out"), str(result),
-             "--calib", str(calib), "--eval", str(evaluation), *bars,
+            [*STAGES, str(onnx_path), str(work / f"{tag}-out"), str(result), *data, *bars,
              "--parallel", str(parallel)],
             preexec_fn=limits, capture_output=True, text=True, timeout=settings.job_timeout_s,
         )  # fmt: skip
@@ -219,7 +220,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Converting BERT-base- and ViT-B/16-sized Hugging Face models, every target",
         "",
-        f"Made by `python -m benchmarks.hf_scale` on {host.label()}, random weights, UN in "
+        f"Made by `python -m benchmarks.hf_scale` on {host.label()}, random weights (but the "
+        "`(trained)` rows: see below), UN in "
         f"place of LayerNorm, `torch.onnx.export` defaults, batch 1; {CALIBRATION} calibration and "
         f"{EVALUATION} evaluation samples; drift bars off (random weights have no accuracy to "
         "keep: each target is built and measured once, with no 16-bit fallback; one fallback "
@@ -275,6 +277,18 @@ def markdown(results: dict[str, Any]) -> str:
             "status, agreement, the recipes and fallback steps it measured, and whether the "
             "budget stopped it. Random weights and labels that are all 0: a drop of 1 sample "
             "in 100 is over the bar whatever the agreement.",
+        ]
+    trained = {n: e["trained"] for n, e in results["models"].items() if "trained" in e}
+    if trained:
+        lines += ["", "The `(trained)` rows (`python -m benchmarks.hf_scale_trained`): trained "
+                  "here from the shipped data, an LN teacher and its UN twin by `edge-un "
+                  "migrate`; the twin converted, calibrated on its training split and measured "
+                  "on its held-out test split. fp32 test accuracy:"]  # fmt: skip
+        lines += [
+            f"- {name}: {t['model']} on {t['data']}: LN teacher "
+            f"{100 * t['test_accuracy']['teacher']:.1f} %, UN twin "
+            f"{100 * t['test_accuracy']['migrated']:.1f} % ({t['migrate_epochs']} migrate epochs)"
+            for name, t in trained.items()
         ]
     timed = [(n, k, r) for n, e in results["models"].items() for k, r in e["runs"].items()
              if any(t.get("latency") for t in r.get("targets", {}).values())]  # fmt: skip

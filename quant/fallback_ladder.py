@@ -6,11 +6,30 @@ activations each step widens, which step's file ships, and when widening more ca
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Sequence
 
-from .drift import Drift
+from .drift import Drift, TensorError
 from .targets import Bars
 
 FIRST_FALLBACK_STEP = 4
+# ONNX Runtime's CPU kernels have no 16-bit matrix product: a product with an int16 input runs
+# in float, on weights dequantized at every call (BERT-base's K and V projections, float by
+# mistake before issue 67: 3.7x the int8 time of a projection that size, and 2.6x more for the
+# dequantization; benchmarks/results/cpu_vs_litert.md). A tensor whose int16 does that is
+# ranked as if its own SQNR were one bit (6.02 dB) higher: it is widened after the cheap
+# tensors at most one bit less accurate than it, before the others.
+SLOW_INT16_PENALTY_DB = 6.02
+
+
+def fallback_order(errors: Sequence[TensorError], slow_in_int16: Collection[str]) -> list[str]:
+    """The activations in the order the int16 fallback widens them: the least accurate (lowest
+    own SQNR, the local rounding error) first, a tensor in ``slow_in_int16`` counted
+    ``SLOW_INT16_PENALTY_DB`` more accurate than it is (its speed cost weighed with its error)."""
+
+    def key(error: TensorError) -> float:
+        return error.own_sqnr_db + (SLOW_INT16_PENALTY_DB if error.name in slow_in_int16 else 0)
+
+    return [error.name for error in sorted(errors, key=key)]
 
 
 def fallback_sizes(count: int) -> list[int]:

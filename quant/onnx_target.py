@@ -24,7 +24,9 @@ files never meet the bars, took 7 steps and 256 s to reach the same file of all 
 activations (92 % agreement) in doubling order (hf_scale's run at 9a72885, committed in d623d55).
 Sensitivity is each tensor's own quantization SQNR in the pure int8 model (its local rounding
 error): measured on the trained examples, ranking by it converges in fewer steps than ranking by
-the accumulated error, which blames the softmax outputs for noise that arises upstream.
+the accumulated error, which blames the softmax outputs for noise that arises upstream. Speed is
+weighed with it (``fallback_order``): a tensor a matrix product reads would take that product
+off ONNX Runtime's integer kernels, so it counts one bit more accurate than it is.
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ from .deadline import NO_DEADLINE, SearchStopped, cut_note, stop_note, watching
 from .drift import Drift, kernel_gap, measure_drift, onnx_runner, tensor_sqnr
 from .fallback_ladder import (
     ceiling_note,
+    fallback_order,
     fallback_sizes,
     figures,
     out_of_reach,
     ships_before,
 )
 from .latency import onnx_latency, thread_counts
+from .ort_graph import product_operands
 from .ort_int8 import Preparation, prepare_once, quantize_onnx
 from .pow2_grid import GridSearch, align_streams
 from .pow2_record import recorded_choices
@@ -195,7 +199,8 @@ def _build(job: TargetJob, grid: GridSearch, preparation_dir: Path) -> schema.Ta
     int16: tuple[str, ...] = ()
     steps: list[FallbackStep] = []
     if not drift.within(bars) and profile.fallback != "none" and not stopped:
-        ranked = [e.name for e in sorted(errors, key=lambda e: e.own_sqnr_db)]
+        slow = product_operands(onnx.load(str(job.fp32_path), load_external_data=False))
+        ranked = fallback_order(errors, slow)
         sizes = fallback_sizes(len(ranked))
         with tempfile.TemporaryDirectory() as scratch:
             best = Path(scratch) / "best.onnx"  # the file that ships if the search ends now

@@ -31,6 +31,11 @@ from onnx import helper, numpy_helper, shape_inference
 # ops that only move data: a Q/DQ pair around them may be skipped when walking up the graph
 SHAPE_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"})
 MATRIX_OPS = frozenset({"MatMul", "Gemm"})
+# an op between a product and the float op it feeds that adds a second tensor to it, as a text
+# model adds its attention mask to the scores before the Softmax: fed in float too (the mask
+# stays dequantized), so that the scores are not requantized to the mask's range for an
+# integer Add and an integer Softmax
+MASK_OPS = frozenset({"Add"})
 
 
 def linear_as_gemm(model: onnx.ModelProto) -> int:
@@ -172,11 +177,14 @@ def _chain_factor(
     pairs: list[tuple[onnx.NodeProto, onnx.NodeProto, onnx.NodeProto]],
     constants: dict[str, np.ndarray],
 ) -> float | None:
-    """The product of the pairs' factors (``pair_factor``), None if one has none."""
+    """The product of the pairs' factors (``pair_factor``), None if one has none, or if a pair
+    above an Add (``MASK_OPS``) has one: moved into the product, it would miss the mask."""
     factor = 1.0
-    for _, quantize, dequantize in pairs:
+    for index, (_, quantize, dequantize) in enumerate(pairs):
         one = pair_factor(quantize, dequantize, constants)
         if one is None:
+            return None
+        if one != 1.0 and any(reader.op_type in MASK_OPS for reader, _, _ in pairs[index + 1 :]):
             return None
         factor *= one
     return factor
@@ -225,8 +233,9 @@ def _qdq_chain(
     producers: dict[str, onnx.NodeProto],
     consumers: dict[str, list[onnx.NodeProto]],
 ) -> list[tuple[onnx.NodeProto, onnx.NodeProto, onnx.NodeProto]]:
-    """The (reader, Q, DQ) pairs on the path from ``node``'s first input up to a MatMul/Gemm,
-    or [] when that path holds anything else or a tensor with another reader."""
+    """The (reader, Q, DQ) pairs on the path from ``node``'s first input up to a MatMul/Gemm
+    (through shape ops and the first input of an Add: ``MASK_OPS``), or [] when that path holds
+    anything else or a tensor with another reader."""
     pairs, reader = [], node
     while True:
         dequantize = producers.get(reader.input[0])
@@ -241,9 +250,27 @@ def _qdq_chain(
         source = producers.get(quantize.input[0])
         if source is not None and source.op_type in MATRIX_OPS:
             return pairs
-        if source is None or source.op_type not in SHAPE_OPS:
+        if source is None or source.op_type not in SHAPE_OPS | MASK_OPS:
             return []
         reader = source
+
+
+def product_operands(model: onnx.ModelProto) -> set[str]:
+    """The tensors a matrix product (MatMul, Gemm, Conv) reads, directly or through shape-only
+    ops: in int16, each would take that product off ONNX Runtime's integer kernels."""
+    consumers = consumers_of(model.graph.node)
+
+    def feeds_a_product(tensor: str) -> bool:
+        for reader in consumers.get(tensor, []):
+            if reader.op_type in MATRIX_OPS | {"Conv"}:
+                return True
+            if reader.op_type in SHAPE_OPS and feeds_a_product(reader.output[0]):
+                return True
+        return False
+
+    tensors = {out for node in model.graph.node for out in node.output}
+    tensors |= {value.name for value in model.graph.input}
+    return {tensor for tensor in tensors if feeds_a_product(tensor)}
 
 
 def tensor_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:

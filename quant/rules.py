@@ -98,19 +98,31 @@ def _check_signed_activations(model: onnx.ModelProto, profile: TargetProfile, na
         zero = _constant(initializers, node.input[2], f"{name}: zero point of {node.name}")
         if zero.dtype != np.int8:
             continue
-        clip = producers.get(node.input[0])
-        if clip is None or clip.op_type != "Clip" or len(clip.input) < 3:
+        bound_names = _clip_bounds(node.input[0], producers)
+        if bound_names is None:
             raise RuleViolation(f"{name}: s8 activation {node.output[0]} is not clipped")
         scale = _constant(initializers, node.input[1], f"{name}: scale of {node.name}")
-        bounds = [
-            _constant(initializers, i, f"{name}: bound of {clip.name}") for i in clip.input[1:3]
-        ]
+        bounds = [_constant(initializers, i, f"{name}: bound of {node.name}") for i in bound_names]
         steps = max(abs(float(b.reshape(-1)[0])) for b in bounds) / float(scale.reshape(-1)[0])
         if steps + float(np.abs(zero).max()) > SEVEN_BIT_MAX + 1e-3:
             raise RuleViolation(
                 f"{name}: s8 activation {node.output[0]} exceeds 7 bits ({steps:.1f} steps): "
                 "it can saturate int8 kernels without VNNI"
             )
+
+
+def _clip_bounds(tensor: str, producers: dict[str, onnx.NodeProto]) -> list[str] | None:
+    """The names of the bounds ``tensor`` is clipped to: a Clip's, or a Max's and a Min's (how
+    quant.ort_attention writes it); None if it is not clipped."""
+    clip = producers.get(tensor)
+    if clip is not None and clip.op_type == "Clip" and len(clip.input) >= 3:
+        return list(clip.input[1:3])
+    if clip is None or clip.op_type != "Min" or len(clip.input) != 2:
+        return None
+    floor = producers.get(clip.input[0])
+    if floor is None or floor.op_type != "Max" or len(floor.input) != 2:
+        return None
+    return [floor.input[1], clip.input[1]]
 
 
 def _constant(initializers: dict[str, onnx.TensorProto], name: str, what: str) -> np.ndarray:

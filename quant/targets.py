@@ -228,7 +228,9 @@ class TargetProfile:
             rules.append(f"{when}: {recipe.name} ({recipe.why}), still pure int8")
         rules.append(
             {
-                "int16_tensors": "drift fallback: the most sensitive tensors to 16-bit",
+                "int16_tensors": "drift fallback: the most sensitive tensors to 16-bit, a "
+                "tensor a matrix product reads counted a bit less sensitive (in 16 bits it "
+                "sends that product to float)",
                 "int16_ops": "drift fallback: the fewest ops to 16-bit activations that the NPU "
                 "runs in 16 bits, then the whole model (16x8)",
                 "int16_model": "drift fallback: 16-bit activations for the whole model (16x8)",

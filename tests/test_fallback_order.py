@@ -1,17 +1,28 @@
 """The cpu drift fallback's order: the first few activations to int16, then all of them, then the
-doubling between; a model no file of which meets the bars stops after those two steps."""
+doubling between; a model no file of which meets the bars stops after those two steps; which
+activations come first (their error, and what their int16 costs ONNX Runtime)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import torch
+from onnx import TensorProto, helper
 
 from converters import export_onnx, fold_norms
 from edge_un.models import VisionTransformer
-from quant.drift import Drift
-from quant.fallback_ladder import fallback_sizes, out_of_reach
+from quant.drift import Drift, TensorError
+from quant.fallback_ladder import (
+    SLOW_INT16_PENALTY_DB,
+    fallback_order,
+    fallback_sizes,
+    out_of_reach,
+)
+from quant.ort_graph import product_operands
+from quant.ort_int8 import quantize_onnx
 from quant.pipeline import convert
 from quant.targets import PROFILES, Bars
 
@@ -83,3 +94,72 @@ def test_a_fallback_whose_every_activation_in_int16_misses_tries_no_smaller_set(
     closest = min(range(len(measured)), key=lambda i: (short[i], measured[i][1]))
     assert len(cpu.int16_tensors) == measured[closest][1]
     assert cpu.drift.agreement == measured[closest][0].agreement
+
+
+def test_a_tensor_a_product_reads_is_widened_after_cheaper_ones_up_to_a_bit_more_accurate() -> None:
+    errors = [
+        TensorError("gelu_out", "Gelu", 20.0, 30.0),  # fc2 reads it: slow in int16
+        TensorError("fc2_out", "Gemm", 20.0, 32.0),  # a residual Add reads it: cheap
+        TensorError("scores", "MatMul", 20.0, 37.0),
+        TensorError("k", "Gemm", 20.0, 20.0),  # far worse than any other: first anyway
+    ]
+    slow = {"gelu_out", "k"}
+    assert fallback_order(errors, slow) == ["k", "fc2_out", "gelu_out", "scores"]
+    assert fallback_order(errors, set()) == ["k", "gelu_out", "fc2_out", "scores"]
+    assert 30.0 + SLOW_INT16_PENALTY_DB < 37.0  # more than a bit apart: the error decides
+
+
+def test_the_operands_of_a_product_are_found_through_shape_ops() -> None:
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Reshape", ["a", "shape"], ["a_2d"]),
+        helper.make_node("Gemm", ["a_2d", "w"], ["y"]),
+        helper.make_node("Add", ["y", "x_2d"], ["z"]),
+        helper.make_node("Reshape", ["x", "shape"], ["x_2d"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2, 4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor("shape", TensorProto.INT64, [2], [4, 4]),
+         helper.make_tensor("w", TensorProto.FLOAT, [4, 4], [0.0] * 16)],
+    )  # fmt: skip
+    assert product_operands(helper.make_model(graph)) == {"a", "a_2d"}
+
+
+def test_an_int16_operand_takes_its_product_off_the_integer_kernels(
+    vit_onnx: dict, tmp_path: Path
+) -> None:
+    """Why the order weighs speed: ONNX Runtime runs a Gemm whose input is int16 in float (with
+    its weights dequantized at every call); an int16 tensor that no product reads costs none of
+    them."""
+    fp32 = vit_onnx["fp32"]["cpu"]
+    model = onnx.load(str(fp32))
+    read_by_products = product_operands(model)
+    producers = {out: node for node in model.graph.node for out in node.output}
+    plain = tmp_path / "plain.onnx"
+    quantize_onnx(fp32, plain, PROFILES["cpu"], vit_onnx["calibration"])
+    quantized = sorted(  # the activations the int8 file quantizes: the fallback's candidates
+        node.input[0] for node in onnx.load(str(plain)).graph.node
+        if node.op_type == "QuantizeLinear" and node.input[0] in producers
+    )  # fmt: skip
+    # a residual sum the next block's Linear reads (through its Reshape to 2-D), and a tensor
+    # no product reads
+    gemm_input = next(
+        n for n in quantized if producers[n].op_type == "Add" and n in read_by_products
+    )
+    add_input = next(n for n in quantized if n not in read_by_products)
+
+    def fused_products(int16: list[str]) -> tuple[int, int]:
+        path = tmp_path / f"int16-{len(int16)}-{int16[0][-8:] if int16 else ''}.onnx"
+        quantize_onnx(fp32, path, PROFILES["cpu"], vit_onnx["calibration"], int16)
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(path.with_suffix(".opt.onnx"))
+        options.log_severity_level = 3
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        ops = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+        return ops.count("QGemm"), ops.count("Gemm") + ops.count("MatMul")
+
+    integer, floating = fused_products([])
+    assert floating == 0
+    assert fused_products([add_input]) == (integer, 0)
+    assert fused_products([gemm_input]) == (integer - 1, 1)
