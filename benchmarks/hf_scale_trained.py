@@ -2,7 +2,10 @@
 shipped data, so that its logits have real decision margins and the drift bars measure
 quantization, not the noise of random weights; converted for every target, bars on.
 
-    .venv/bin/python -m benchmarks.hf_scale_trained  # ~35 min on 2 cores; models kept: ~8
+    .venv/bin/python -m benchmarks.hf_scale_trained  # ~45 min on 2 cores; models kept: ~6
+
+(Measured with other work on the 2 cores: the teacher 11 min, the migration 27 min, the
+conversion 5 min.)
 
 ``vit-b16-mnist``: ViT-B/16's sizes (``benchmarks.make_hf_examples --model vit-b16``: 86 M
 parameters, 12 layers of 768) on MNIST-5k framed to 32 x 32, so 4 patches of 16 and the class
