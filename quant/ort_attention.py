@@ -111,7 +111,8 @@ def _s8_operand(
     # its producer's only reader as part of that producer's node group (a Clip that the
     # QuantizeLinear after it makes redundant); this one is not redundant, so the K or V
     # projection computing the source would not fuse at all and would run as a float Gemm on
-    # weights dequantized at every call (BERT-base: 24 of its 74 Linears, a third of the time)
+    # weights dequantized at every call (BERT-base: 24 of its 74 Linears, 2/5 of its time:
+    # benchmarks/results/cpu_vs_litert.md)
     nodes = [
         helper.make_node("Max", [chain.source, names["min"]], [f"{prefix}_floor"]),
         helper.make_node("Min", [f"{prefix}_floor", names["max"]], [f"{prefix}_clip"]),

@@ -258,19 +258,20 @@ def _qdq_chain(
 def product_operands(model: onnx.ModelProto) -> set[str]:
     """The tensors a matrix product (MatMul, Gemm, Conv) reads, directly or through shape-only
     ops: in int16, each would take that product off ONNX Runtime's integer kernels."""
-    consumers = consumers_of(model.graph.node)
-
-    def feeds_a_product(tensor: str) -> bool:
-        for reader in consumers.get(tensor, []):
-            if reader.op_type in MATRIX_OPS | {"Conv"}:
-                return True
-            if reader.op_type in SHAPE_OPS and feeds_a_product(reader.output[0]):
-                return True
-        return False
-
-    tensors = {out for node in model.graph.node for out in node.output}
-    tensors |= {value.name for value in model.graph.input}
-    return {tensor for tensor in tensors if feeds_a_product(tensor)}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    operands: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type not in MATRIX_OPS | {"Conv"}:
+            continue
+        for tensor in node.input:
+            while tensor and tensor not in operands:  # up the data input of shape ops
+                operands.add(tensor)
+                producer = producers.get(tensor)
+                if producer is None or producer.op_type not in SHAPE_OPS:
+                    break
+                tensor = producer.input[0]
+    constants = {init.name for init in model.graph.initializer}
+    return operands - constants  # activations only, not the weights
 
 
 def tensor_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:

@@ -347,7 +347,7 @@ def test_a_linear_computing_an_s8_operand_still_runs_as_an_integer_gemm(tmp_path
     """The clip of an s8 operand is a Max and a Min: written as one Clip right after the K
     projection, ORT takes the Clip into the Gemm's QDQ group, finds it is not made redundant by
     the QuantizeLinear, and fuses nothing, so the projection runs as a float Gemm on weights
-    dequantized at every call (BERT-base: a third of its cpu file's time)."""
+    dequantized at every call (BERT-base: 2/5 of its cpu file's time)."""
     model = qdq_projected_attention()
     assert signed_right_operands(model, min_macs=0) == 1
     rng = np.random.default_rng(3)
