@@ -173,6 +173,46 @@ def test_imx_files_are_fully_integer_and_vela_places_every_int8_op_on_the_npu(
         assert imx93.fallback_ops == sorted(set(vela.cpu_ops))
 
 
+def test_the_web_pages_verdicts_are_the_reports_figures(report: Report) -> None:
+    """The job page's first table (service.server.web.pages) from this report: a row per
+    target in its order, the 1-thread p50 of the shipped file, Vela's NPU / CPU split on
+    imx93 alone."""
+    from html.parser import HTMLParser
+
+    from quant.verdict import verdicts
+    from service.server.web.pages import verdict_table
+
+    class Cells(HTMLParser):
+        """The cells of each target's row (a failed target's reason row is not one)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[list[str]] = []
+            self.in_row = False
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag == "tr":
+                self.in_row = "data-target" in dict(attrs)
+                if self.in_row:
+                    self.rows.append([])
+
+        def handle_data(self, data: str) -> None:
+            if self.in_row and self.lasttag == "td":
+                self.rows[-1].append(data)
+
+    parser = Cells()
+    parser.feed(verdict_table(verdicts(report)))
+    assert [row[0] for row in parser.rows] == list(report.targets)
+    for row, target in zip(parser.rows, report.targets.values(), strict=True):
+        one_thread = min(target.latency, key=lambda timing: timing.threads)
+        assert one_thread.threads == 1
+        assert row[1] == target.status and row[2] == f"{100 * target.drift.agreement:.1f} %"
+        assert row[5] == f"{one_thread.p50_ms:.3f} ({one_thread.runtime})"
+        vela = target.vela
+        split = "-" if vela is None else f"{vela.npu_ops} / {len(vela.cpu_ops)}"
+        assert row[6] == split and (vela is not None) == (target.name == "imx93")
+
+
 def test_the_downloaded_int8_onnx_gives_the_accuracy_the_report_states(
     converted, report: Report
 ) -> None:

@@ -119,8 +119,32 @@ def test_a_person_converts_in_the_browser(browser, server, downloads) -> None:
         "return document.documentElement.scrollWidth <= window.innerWidth"
     )
     assert severe(browser) == []
+    # each target's verdict at a glance, on the list and first on the job's page, as the
+    # report says it
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {alice}"}) as api:
+        report = api.get(f"/v1/conversions/{job_id}/report").json()
+    cpu = report["targets"]["cpu"]
+    agreement = f"{100 * cpu['drift']['agreement']:.1f} %"
+    assert text(browser, f"#job-{job_id} .verdict") == f"cpu {cpu['status']} {agreement}"
     browser.get(job_url)
     assert text(browser, "#job-state").startswith("succeeded · 100 %"), text(browser, "main")
+    cells = browser.execute_script(
+        "return [...document.querySelectorAll('#verdict-table tbody tr[data-target] td')]"
+        ".map(c => c.textContent);"
+    )
+    p50 = min(cpu["latency"], key=lambda timing: timing["threads"])["p50_ms"]
+    drop = f"{cpu['drift']['top1_drop_pts']:.1f} pt"
+    int16 = cpu["int16_tensors"]
+    precision = f"{len(int16)} tensors int16" if int16 else "pure int8"
+    assert cells == [
+        "cpu",
+        cpu["status"],
+        agreement,
+        drop,
+        precision,
+        f"{p50:.3f} (onnxruntime)",
+        "-",
+    ]
 
     # the report: the same page as the API's, loading nothing, naming the model's modules
     browser.get(job_url)

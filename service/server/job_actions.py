@@ -10,9 +10,11 @@ does not exist.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
-from quant.report import REPORT_FILE
+from quant.report import REPORT_FILE, Report
+from quant.verdict import Verdict, verdicts
 
 from .. import jobs
 from ..db import Job, session_scope
@@ -36,6 +38,27 @@ def page(
     """The caller's jobs, newest first, and how many it has."""
     with session_scope(services.settings) as session:
         return jobs.page(session, token_id, limit, offset)
+
+
+def verdicts_of(services: Services, job: Job) -> tuple[Verdict, ...]:
+    """Each target's verdict of a finished job, from the report it published (none while it
+    runs, or if it published no report)."""
+    if job.state in ACTIVE:
+        return ()
+    path = services.store.path(job.id, REPORT_FILE)
+    if path is None:
+        return ()
+    try:
+        return _read_verdicts(path, path.stat().st_mtime_ns)
+    except FileNotFoundError:  # deleted meanwhile
+        return ()
+
+
+@functools.lru_cache(maxsize=256)
+def _read_verdicts(path: Path, modified_ns: int) -> tuple[Verdict, ...]:
+    # A published report never changes (``modified_ns`` keys it all the same): the job list
+    # reads each of its jobs' once, not at every reload while another job runs.
+    return tuple(verdicts(Report.read(path)))
 
 
 def _not_found(job_id: str) -> Refused:

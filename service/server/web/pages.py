@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from urllib.parse import quote
 
 from quant.targets import DEFAULT_MAX_DRIFT
+from quant.verdict import Verdict
 
 from ...job_states import ACTIVE
 from ...report_html import CSP, CSS
@@ -38,6 +39,7 @@ padding:8px 12px;margin:12px 0}form.upload label{display:block;margin:10px 0 2px
 form.upload .hint{font-weight:400;color:#666}fieldset{border:1px solid #d6dae1;margin:10px 0}
 .actions{display:flex;gap:12px;align-items:center;margin:12px 0}.actions form{display:inline}
 input[type=password]{font:inherit;padding:5px;width:min(36em,100%)}
+.verdicts{display:flex;flex-wrap:wrap;gap:4px 10px}.verdict{white-space:nowrap}
 """
 
 
@@ -51,6 +53,52 @@ def _progress(job: JobOut) -> str:
     if job.state not in ACTIVE:
         return e(label)
     return f'<progress value="{job.percent:.1f}" max="100">{e(label)}</progress> {e(label)}'
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
+
+
+def _verdict_chips(job: JobOut, verdicts: Sequence[Verdict]) -> str:
+    """The job list's cell: each target's status and agreement (its name alone until the job
+    has a report)."""
+    if not verdicts:
+        return e(", ".join(job.targets))
+    chips = "".join(
+        f'<span class="verdict" data-target="{e(v.target)}">{e(v.target)} '
+        f'<span class="status-{e(v.status)}">{e(v.status)}</span>'
+        f"{'' if v.agreement is None else ' ' + e(_pct(v.agreement))}</span>"
+        for v in verdicts
+    )
+    return f'<span class="verdicts">{chips}</span>'
+
+
+def _npu_split(verdict: Verdict) -> str:
+    if verdict.npu_ops is None or verdict.cpu_ops is None:
+        return "-"
+    return f"{verdict.npu_ops} / {verdict.cpu_ops}"
+
+
+def verdict_table(verdicts: Sequence[Verdict]) -> str:
+    """The job page's first table: per target, whether it shipped, what int8 cost, how fast
+    the shipped file ran here and, on the Ethos-U, which ops Vela put on the NPU."""
+    rows = []
+    for v in verdicts:
+        latency = "-" if v.p50_ms is None else f"{v.p50_ms:.3f} ({v.runtime})"
+        drop = "-" if v.drop_pts is None else f"{v.drop_pts:.1f} pt"
+        why = f'<tr class="reason"><td></td><td colspan="6" class="error">{e(v.error)}</td></tr>'
+        rows.append(
+            f'<tr data-target="{e(v.target)}"><td>{e(v.target)}</td>'
+            f'<td class="status-{e(v.status)}">{e(v.status)}</td>'
+            f'<td class="num">{e(_pct(v.agreement))}</td><td class="num">{e(drop)}</td>'
+            f"<td>{e(v.precision)}</td><td class='num'>{e(latency)}</td>"
+            f"<td class='num'>{e(_npu_split(v))}</td></tr>" + (why if v.error else "")
+        )
+    return (
+        '<table id="verdict-table"><thead><tr><th>target</th><th>status</th><th>agreement</th>'
+        "<th>top-1 drop</th><th>precision</th><th>p50 ms, 1 thread</th><th>NPU / CPU ops</th>"
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def _csrf_field(csrf: str) -> str:
@@ -99,14 +147,22 @@ def signin_page(csrf: str, error: str | None = None) -> str:
     return page("Sign in", body)
 
 
-def jobs_page(jobs: Sequence[JobOut], total: int, csrf: str, notice: str | None = None) -> str:
+def jobs_page(
+    listing: Sequence[tuple[JobOut, Sequence[Verdict]]],
+    total: int,
+    csrf: str,
+    notice: str | None = None,
+) -> str:
+    """The caller's conversions, each with its targets' verdicts once it has a report."""
+    jobs = [job for job, _ in listing]
     rows = []
-    for job in jobs:
+    for job, verdicts in listing:
         link = f"{PREFIX}/jobs/{quote(job.id)}"
         rows.append(
             f'<tr id="job-{e(job.id)}"><td><a href="{e(link)}">{e(job.inputs.model)}</a></td>'
             f'<td class="state">{_state(job)}</td><td class="progress">{_progress(job)}</td>'
-            f"<td>{e(job.stage or '-')}</td><td>{e(', '.join(job.targets))}</td>"
+            f"<td>{e(job.stage or '-')}</td>"
+            f'<td class="targets">{_verdict_chips(job, verdicts)}</td>'
             f"<td>{e(f'{job.created_at:%Y-%m-%d %H:%M:%S}')} UTC</td></tr>"
         )
     if not rows:
@@ -158,7 +214,11 @@ def upload_page(targets: Sequence[tuple[str, str]], csrf: str, error: str | None
     return page("New conversion", body, csrf=csrf, signed_in=True)
 
 
-def job_page(job: JobOut, artifacts: Sequence[ArtifactInfo], csrf: str) -> str:
+def job_page(
+    job: JobOut, verdicts: Sequence[Verdict], artifacts: Sequence[ArtifactInfo], csrf: str
+) -> str:
+    """A conversion: its state, each target's verdict first (once it has a report), what it
+    was asked, its actions and files."""
     base = f"{PREFIX}/jobs/{quote(job.id)}"
     facts = [
         ("model", f"{job.inputs.model} ({job.inputs.model_format})"),
@@ -172,6 +232,7 @@ def job_page(job: JobOut, artifacts: Sequence[ArtifactInfo], csrf: str) -> str:
     parts = [
         f'<p id="job-state">{_state(job)} · {_progress(job)} · {e(job.stage or "waiting")}</p>',
         error_box(job.error),
+        verdict_table(verdicts) if verdicts else "",
         f"<dl>{rows}</dl>",
     ]
     actions = []

@@ -174,7 +174,9 @@ async def signout(request: Request) -> Response:
 @router.get("/")
 def jobs_view(request: Request, services: ServicesDep, who: SignedIn) -> Response:
     rows, total = job_actions.page(services, who.token_id, JOBS_SHOWN, 0)
-    listing = [JobOut.of(job, base_url(request)) for job in rows]
+    listing = [
+        (JobOut.of(job, base_url(request)), job_actions.verdicts_of(services, job)) for job in rows
+    ]
     return HTMLResponse(pages.jobs_page(listing, total, csrf_token(request)))
 
 
@@ -211,7 +213,8 @@ def job_view(job_id: str, request: Request, services: ServicesDep, who: SignedIn
     if job.state not in ACTIVE and services.store.list(job.id) is not None:
         _, files = job_actions.finished_with_files(services, who.token_id, job_id)
     shown = JobOut.of(job, base_url(request))
-    return HTMLResponse(pages.job_page(shown, files, csrf_token(request)))
+    verdicts = job_actions.verdicts_of(services, job)
+    return HTMLResponse(pages.job_page(shown, verdicts, files, csrf_token(request)))
 
 
 @router.get("/jobs/{job_id}/report")
