@@ -20,14 +20,13 @@ NPU and the CPU. The three chains train two at a time, one thread each;
 there (``MODEL-ln-0``, ``MODEL-un-0``, ``MODEL-un8-0``), and a re-run reuses what it finds, so
 that after a converter change only the conversions run again (delete a directory to remake it).
 
-``python -m benchmarks.hf_families_trained`` runs this half alone and puts its record into the
-committed ``results/hf_families.json`` (the family matrix kept as it is), then rewrites the
-table and the plot.
+``python -m benchmarks.hf_families --trained-only`` runs this half alone and puts its record
+into the committed ``results/hf_families.json`` (the family matrix kept as it is), then
+rewrites the table and the plot. A leaf: it imports nothing of ``hf_families``.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -239,25 +238,3 @@ def plot(record: dict[str, Any], axis: Any) -> None:
     axis.set_ylabel("pure int8 top-1 agreement with fp32 (%)")
     axis.set_title("Trained HF families: pure int8 per target (0: failed)", fontsize=10)
     axis.legend(fontsize=7, loc="lower right")
-
-
-def main() -> None:
-    """This half alone, its record merged into the committed results of the whole benchmark."""
-    from benchmarks import hf_families  # here: hf_families imports this module
-    from benchmarks.results_main import RESULTS
-
-    path = RESULTS / f"{hf_families.NAME}.json"
-    results = json.loads(path.read_text())
-    previous = (results.get("trained") or {}).get("models", {})
-    results["trained"] = run()
-    for name, model in results["trained"]["models"].items():  # a kept directory's step: the
-        made = previous.get(name, {}).get("seconds", {})  # wall time of the run that made it
-        model["seconds"] = {**made, **model["seconds"]}
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / f"{hf_families.NAME}.md").write_text(hf_families.markdown(results))
-    hf_families.plot(results)
-    print(markdown(results["trained"]))
-
-
-if __name__ == "__main__":
-    main()

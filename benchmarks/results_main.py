@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,20 @@ def benchmark_main(
     run: Callable[[], dict[str, Any]],
     markdown: Callable[[dict[str, Any]], str],
     plot: Callable[[dict[str, Any]], None],
+    modes: Mapping[str, tuple[str, Callable[[], None]]] | None = None,
 ) -> None:
     """The benchmark ``name`` described by ``doc`` (its module's docstring): ``run`` measures,
-    ``markdown`` and ``plot`` write the results."""
+    ``markdown`` and ``plot`` write the results. ``modes``: other ways to run it, each an
+    option (``--NAME``: its help, and what it runs instead)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--report-only", action="store_true", help="redo the table and plot")
+    for option, (help_text, _) in (modes or {}).items():
+        parser.add_argument(f"--{option}", action="store_true", help=help_text)
     args = parser.parse_args()
+    for option, (_, mode) in (modes or {}).items():
+        if getattr(args, option.replace("-", "_")):
+            mode()
+            return
     path = RESULTS / f"{name}.json"
     if args.report_only:
         results = json.loads(path.read_text())

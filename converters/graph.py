@@ -6,7 +6,6 @@ from. That, not attribute names, is how norms and Linears are found, so any mode
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -160,46 +159,6 @@ def shape(node: fx.Node) -> tuple[int, ...] | None:
     return tuple(val.shape) if isinstance(val, Tensor) else None
 
 
-def last_axis(node: fx.Node) -> int:
-    dims = shape(node)
-    return len(dims) - 1 if dims is not None else -1
-
-
 def normalize_dims(dims: Any, rank: int) -> list[int]:
     dims = [dims] if isinstance(dims, int) else list(dims or [])
     return [d % rank for d in dims]
-
-
-def keeps_channels_last(user: fx.Node, data: fx.Node, channels: int) -> str | None:
-    """None if ``user`` commutes with a per-channel affine of ``data`` (channel axis last, size
-    ``channels``) and its output keeps that axis last; otherwise the reason it does not."""
-    target = user.target
-    if target in AFFINE_OPS and all(
-        isinstance(a, fx.Node) and a.op != "get_attr" for a in user.args[:2]
-    ):
-        what = "adds it to" if AFFINE_OPS[target] in ("add", "sub") else "multiplies it by"
-        return f"{user.name} ({target}) {what} another tensor (a residual or a mask)"
-    if not user.args or user.args[0] is not data or data in user.all_input_nodes[1:]:
-        return f"{user.name} ({target}) uses it as something other than its data input"
-    in_shape, out_shape = shape(data), shape(user)
-    rank = len(in_shape) if in_shape is not None else 0
-    if target in IDENTITY_OPS:
-        return None
-    if target in RESHAPE_OPS:
-        # A row-major reshape that keeps the last size keeps every element's channel index.
-        if out_shape and in_shape and out_shape[-1] == channels == in_shape[-1]:
-            return None
-        return f"{user.name} ({target}) reshapes the channel axis"
-    if target in (aten.slice.Tensor, aten.select.int):
-        dim = user.args[1] if len(user.args) > 1 else 0
-        if rank and normalize_dims(dim, rank) != [rank - 1]:
-            return None
-        return f"{user.name} ({target}) slices the channel axis"
-    if target == aten.mean.dim:
-        # A mean of x * s + t over tokens is mean(x) * s + t; a sum would scale t.
-        if rank and rank - 1 not in normalize_dims(user.args[1], rank):
-            return None
-        return f"{user.name} (mean) reduces over the channel axis"
-    if target == operator.getitem:
-        return f"{user.name} (getitem) indexes a tuple"
-    return f"{user.name} ({target}) does not commute with a per-channel affine"

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
+from .errors import ConversionError
+
 # safetensors / pt: an edge_un checkpoint (a torch state dict needs a config); pt2: a
 # torch.export program; onnx: an fp32 ONNX model; hf: a save_pretrained directory.
 ModelFormat = Literal["safetensors", "pt", "pt2", "onnx", "hf"]
@@ -36,7 +38,7 @@ class ModelSource:
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path))
         if self.format not in MODEL_FORMATS:
-            raise ValueError(f"unknown model format {self.format!r}; one of {MODEL_FORMATS}")
+            raise ConversionError(f"unknown model format {self.format!r}; one of {MODEL_FORMATS}")
 
     @classmethod
     def from_path(cls, path: str | Path) -> ModelSource:

@@ -14,6 +14,7 @@ from .checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from .errors import InputError
 from .finetune import FinetuneRecipe, make_int8_ready, migrate, recalibrate
 
 # Hugging Face models: edge_un.hf imports transformers inside its functions only, so this import
@@ -44,6 +45,7 @@ __all__ = [
     "CheckpointInfo",
     "ConfigMismatchError",
     "FinetuneRecipe",
+    "InputError",
     "LayerNorm",
     "MissingConfigError",
     "NonFiniteTensorError",

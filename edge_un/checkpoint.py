@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ._version import __version__
+from .errors import InputError
 from .models import ARCHITECTURES
 from .norms.authors import authors_prefixes, renamed, reshaped
 
@@ -31,7 +32,7 @@ PICKLE_SUFFIXES = (".pt", ".pth")
 CheckpointFormat = Literal["safetensors", "pt"]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint that cannot be loaded; the message is one readable line."""
 
 

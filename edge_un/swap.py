@@ -7,10 +7,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import InputError
 from .norms import make_norm
 
 
-class NormSwapError(ValueError):
+class NormSwapError(InputError):
     """A LayerNorm that cannot be replaced by a per-channel norm."""
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import importlib.util
 
 from . import toolenv
+from .errors import QuantError
 from .targets import PROFILES, TargetProfile, parse_targets
 
 
-class TargetUnavailableError(ValueError):
+class TargetUnavailableError(QuantError):
     """A target named by the user that this installation cannot build."""
 
 

@@ -77,7 +77,7 @@ class Samples:
     def inputs(self) -> np.ndarray:
         """The one array of a single-input model's samples."""
         if len(self.feeds) != 1:
-            raise ValueError(f"{len(self.feeds)} inputs ({', '.join(self.feeds)}): use feeds")
+            raise DataFileError(f"{len(self.feeds)} inputs ({', '.join(self.feeds)}): use feeds")
         return next(iter(self.feeds.values()))
 
     def rows(self, start: int, stop: int) -> Feeds:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import ToolError
+
 QEMU = "qemu-x86_64"
 NON_VNNI_CPU = "Haswell"  # AVX2, FMA; no AVX-512, no VNNI
 TIMEOUT_S = 1800
@@ -42,7 +44,7 @@ np.save(outputs, np.concatenate([session.run(None, {first.name: c})[0] for c in 
 """
 
 
-class EmulationUnavailable(RuntimeError):
+class EmulationUnavailable(ToolError):
     """QEMU's user-mode x86 emulator is not installed."""
 
 

@@ -31,10 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from converters.progress import ProgressEvent
 
+from . import errors
 from . import report as schema
 from .data import Samples
 from .deadline import Deadline
-from .errors import one_line
+from .errors import ToolError
 from .target_job import StageCallback, TargetJob
 from .targets import Bars, TargetProfile
 
@@ -46,7 +47,7 @@ LOG_NAME = "build.log"
 PR_SET_PDEATHSIG = 1
 
 
-class TargetFailed(RuntimeError):
+class TargetFailed(ToolError):
     """The builder raised: its one-line reason (the pipeline reports the target failed)."""
 
 
@@ -97,7 +98,7 @@ class Built(_Message):
 
 class BuildFailed(_Message):
     kind: Literal["error"] = "error"
-    reason: str  # the target's one-line reason (builder_reason)
+    reason: str  # the target's one-line reason (quant.errors.reason)
 
 
 Message = Annotated[StageReached | Built | BuildFailed, Field(discriminator="kind")]
@@ -231,19 +232,10 @@ def main(job_dir: str, fd: str) -> int:
             result = _import(order.builder)(job)
         except Exception as error:  # the pipeline reports it as this target's one-line reason
             traceback.print_exc()
-            send(BuildFailed(reason=builder_reason(error)))
+            send(BuildFailed(reason=errors.reason(error)))
             return 1
         send(Built(result=result))
     return 0
-
-
-def builder_reason(error: BaseException) -> str:
-    """A builder's error as the target's one-line reason: its own message for the errors
-    builders raise on purpose, else the type too, marked as a bug."""
-    if isinstance(error, ValueError | RuntimeError | OSError):  # the builders' own reasons
-        return one_line(error)
-    said = f": {one_line(error)}" if str(error).strip() else ""
-    return f"internal error: {type(error).__name__}{said}"
 
 
 if __name__ == "__main__":

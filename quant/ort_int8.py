@@ -253,7 +253,7 @@ def calibration_pass(
       correction measures against, ``quant.bias_correction.mean_sites``).
 
     One pass for both: at batch 1 each sample runs once, not once for each (BERT-base's tda4vm
-    quantization, measured once side by side: see the README's hf_scale section). Streamed: a
+    quantization, measured once side by side: docs/guides/large-models.md). Streamed: a
     batch adds each candidate's squared error and each channel's sum to their totals, and its
     tensors are dropped; the choice compares the totals, as if all samples had been kept."""
     initializers = {init.name: init for init in quantized.graph.initializer}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import traceback
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,7 +31,7 @@ from converters.progress import Progress, ProgressEvent, ignore_progress
 from converters.source import ModelSource
 
 from . import report as schema
-from .errors import one_line
+from .errors import Blame, blame, reason
 from .host import describe_host
 from .isolation import TFLITE_BUILDER, BuildOrder, build_in_child, builder_for, load_samples
 from .job_files import Prepared, TargetPart, export_key, host_notes, load_part, save_part
@@ -201,8 +202,12 @@ def build_target(
         )  # fmt: skip
         try:
             result = build_in_child(order, prepared.work_dir / "builds" / name, stage)
-        except (ValueError, RuntimeError, OSError) as error:  # TargetFailed is a RuntimeError
-            report = target_report(profile, schema.TargetResult(), error=one_line(error))
+        except MemoryError:
+            raise  # the job's memory limit: said for the whole job (service.worker.steps)
+        except Exception as error:  # one target's failure, whatever it is, loses no other's
+            if blame(error) is Blame.BUG:
+                traceback.print_exc()
+            report = target_report(profile, schema.TargetResult(), error=reason(error))
         else:
             source = artifact_record(
                 export.path, prepared.out_dir, "onnx", "folded fp32 ONNX it was quantized from"

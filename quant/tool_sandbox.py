@@ -18,11 +18,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .errors import ToolError
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _GLOG = re.compile(r"^[IWEF]\d{4} ")  # TensorFlow's C++ log lines: noise for a one-line error
 
 
-class TfliteConversionError(RuntimeError):
+class TfliteConversionError(ToolError):
     """onnx2tf or the quantizing converter failed; one line, the full log is kept in work_dir."""
 
 

@@ -41,6 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import ToolError
+
 MARKER = "edge-un-toolenv.json"
 SHARED_SITE_PACKAGES = "zz-edge-un-main.pth"  # "zz": read after the tool's own packages
 
@@ -179,11 +181,11 @@ Progress = Callable[[str], None]
 INSTALL_TIMEOUT_S = 3600
 
 
-class ToolEnvMissingError(RuntimeError):
+class ToolEnvMissingError(ToolError):
     """A converter environment is absent or was built from other pins."""
 
 
-class ToolEnvError(RuntimeError):
+class ToolEnvError(ToolError):
     """Creating a converter environment failed (one line; pip's log is kept)."""
 
 

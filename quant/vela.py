@@ -30,6 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import ToolError
 from .tflite_flatbuffer import OpRef, inspect_tflite
 
 DEFAULT_ACCELERATOR = "ethos-u65-256"
@@ -53,7 +54,7 @@ def bundled_config() -> Path:
     return Path(spec.origin).parent.parent / "config_files" / "Arm" / "vela.ini"
 
 
-class VelaError(RuntimeError):
+class VelaError(ToolError):
     """Vela refused or failed to compile a file (one line; the full log is kept)."""
 
 

@@ -11,6 +11,12 @@ from __future__ import annotations
 from enum import Enum
 
 
+class UsageError(ValueError):
+    """What a command or a client call was given cannot be used (a token id, a directory, an
+    option): said in one line, exit 1. ``quant.errors.blame`` counts the conversion's input errors;
+    this is the command line's own."""
+
+
 class Refusal(Enum):
     MALFORMED = "malformed"  # the request itself is broken: a bad form, name or field
     NOT_A_FORM = "not a form"  # an upload's body is not multipart/form-data

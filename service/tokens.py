@@ -15,6 +15,8 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.errors import UsageError
+
 from .db import Token, session_scope, upgrade
 from .db.models import utcnow
 from .settings import Settings
@@ -43,7 +45,7 @@ def create_token(settings: Settings, name: str) -> tuple[TokenInfo, str]:
     """A new token named ``name``: its record and the secret (only its hash is stored)."""
     name = name.strip()
     if not name or len(name) > 200:
-        raise ValueError("a token name must be 1 to 200 characters")
+        raise UsageError("a token name must be 1 to 200 characters")
     upgrade(settings)
     secret = PREFIX + secrets.token_urlsafe(32)
     with session_scope(settings) as session:

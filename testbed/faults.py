@@ -75,20 +75,20 @@ if _DIR:
     try:
         from service import job_targets as _targets
         from service import jobs as _jobs
-        from service.worker import job_process as _job_process
+        from service.worker import steps as _job_steps
     except Exception:  # another interpreter (a tool's own environment): nothing to hook
         _jobs = None
     if _jobs is not None:
         _before(_jobs, "claim_next", "start")
         _before(_targets, "claim_target", "target")
         _before(_targets, "claim_report", "report")
-        _record = _job_process.ProgressRecorder.__call__
+        _record = _job_steps.ProgressRecorder.__call__
 
         def _call(self, event):
             _record(self, event)
             _pause("stage", event.label)
 
-        _job_process.ProgressRecorder.__call__ = _call
+        _job_steps.ProgressRecorder.__call__ = _call
 """
 
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from quant.report import TargetResult
 from quant.target_job import TargetJob
+from quant.tool_sandbox import TfliteConversionError
 
 
 def abort_in_drift(job: TargetJob) -> TargetResult:
@@ -16,9 +19,15 @@ def abort_in_drift(job: TargetJob) -> TargetResult:
     os.abort()  # SIGABRT, as a failed C++ assertion in LiteRT does
 
 
-def raise_value_error(job: TargetJob) -> TargetResult:
+def raise_tool_error(job: TargetJob) -> TargetResult:
     job.stage("convert", 0.05, "onnx2tf + TFLite converter")
-    raise ValueError("the converter refused the model: op Foo has no int8 kernel")
+    raise TfliteConversionError("the converter refused the model: op Foo has no int8 kernel")
+
+
+def raise_numpy_error(job: TargetJob) -> TargetResult:
+    """A bug of ours that numpy reports as a ValueError: not the user's mistake."""
+    np.zeros(3).reshape(2, 2)
+    raise AssertionError("numpy reshaped 3 values to 2 x 2")
 
 
 def raise_key_error(job: TargetJob) -> TargetResult:

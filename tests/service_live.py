@@ -72,11 +72,11 @@ _STAGE = os.environ.get("EDGE_UN_TEST_ABORT_AFTER_STAGE")
 _HOLD = os.environ.get("EDGE_UN_TEST_HOLD_WHILE")
 if _STAGE or _HOLD:
     try:
-        from service.worker import job_process as _job_process
+        from service.worker import steps as _job_steps
     except Exception:  # another interpreter (a tool's own environment): nothing to hook
-        _job_process = None
-    if _job_process is not None:
-        _record = _job_process.ProgressRecorder.__call__
+        _job_steps = None
+    if _job_steps is not None:
+        _record = _job_steps.ProgressRecorder.__call__
 
         def _call(self, event):
             _record(self, event)
@@ -86,7 +86,7 @@ if _STAGE or _HOLD:
             while _HOLD and os.path.exists(_HOLD) and time.monotonic() < deadline:
                 time.sleep(0.05)
 
-        _job_process.ProgressRecorder.__call__ = _call
+        _job_steps.ProgressRecorder.__call__ = _call
 """
 
 

@@ -27,6 +27,9 @@ from quant.pipeline import convert
 from quant.records import drift_record, finite
 from quant.report import LayerError, Report, TargetResult
 from quant.targets import DEFAULT_BARS, PROFILES, Bars, parse_targets
+from quant.verdict import verdicts
+from service.report_html import escape
+from service.server.web.pages import verdict_table
 
 
 @pytest.fixture
@@ -74,8 +77,12 @@ def test_a_native_abort_fails_only_its_target_and_says_where(tmp_path: Path, imx
 @pytest.mark.parametrize(
     ("builder", "error"),
     [
-        ("raise_value_error", "the converter refused the model: op Foo has no int8 kernel"),
+        ("raise_tool_error", "the converter refused the model: op Foo has no int8 kernel"),
         ("raise_key_error", "internal error: KeyError: 'missing'"),
+        (
+            "raise_numpy_error",
+            "internal error: ValueError: cannot reshape array of size 3 into shape (2,2)",
+        ),
     ],
 )
 def test_an_error_in_a_target_is_its_one_line_reason(
@@ -86,6 +93,10 @@ def test_an_error_in_a_target_is_its_one_line_reason(
     assert report.targets["imx93"].status == "failed"
     assert report.targets["imx93"].error == error
     assert not (tmp_path / "out" / "imx93" / "build.log").exists()  # kept for crashes only
+    # the web page's verdict says the same, in the row under the target's
+    verdict = next(v for v in verdicts(report) if v.target == "imx93")
+    assert (verdict.status, verdict.error, verdict.agreement) == ("failed", error, None)
+    assert f'<td colspan="6" class="error">{escape(error)}</td>' in verdict_table([verdict])
 
 
 def test_when_every_target_fails_the_cli_shows_each_targets_own_reason(
@@ -95,7 +106,7 @@ def test_when_every_target_fails_the_cli_shows_each_targets_own_reason(
     line prints every target's own reason (not an unrelated export error) and exits 1."""
     from service.cli.app import main
 
-    builders = {"cpu": "raise_value_error", "imx93": "abort_in_drift"}
+    builders = {"cpu": "raise_tool_error", "imx93": "abort_in_drift"}
     monkeypatch.setattr(
         quant.pipeline, "builder_for",
         lambda profile: f"tests.crash_builders:{builders[profile.name]}",

@@ -125,7 +125,8 @@ def job_baseline_mb() -> float:
     """The address space a job process starts with: what its parent preloaded (the local
     queue's fork server and a Celery worker import the same modules), in a fresh process."""
     probe = (
-        "from service.worker.job_process import peak_address_space_mb, preload\n"
+        "from service.worker.failures import peak_address_space_mb\n"
+        "from service.worker.job_process import preload\n"
         "preload()\n"
         "print(peak_address_space_mb())\n"
     )
@@ -165,7 +166,8 @@ def test_a_job_process_out_of_memory_while_loading_its_data_fails_instead_of_han
     under a limit just above the start is a plain MemoryError, at once."""
     probe = (
         "import resource\n"
-        "from service.worker.job_process import peak_address_space_mb, preload\n"
+        "from service.worker.failures import peak_address_space_mb\n"
+        "from service.worker.job_process import preload\n"
         "preload()\n"
         "limit = (round(peak_address_space_mb()) + 40) << 20\n"
         "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
@@ -187,7 +189,7 @@ def test_a_job_process_out_of_memory_while_loading_its_data_fails_instead_of_han
 
 
 def test_a_failure_counts_as_memory_by_its_words_or_near_the_limit_never_without_one() -> None:
-    from service.worker.job_process import out_of_memory
+    from service.worker.failures import out_of_memory
 
     silent = RuntimeError("could not create a primitive")  # says nothing about memory
     assert out_of_memory(RuntimeError("Failed to allocate memory for requested buffer"), 0)
@@ -225,7 +227,7 @@ def test_job_process_that_aborts_fails_as_a_crash_not_as_memory(tmp_path, server
 def test_a_crash_counts_as_memory_only_on_evidence(tmp_path: Path) -> None:
     """SIGABRT/SIGSEGV/SIGBUS of a job process: out of memory when its peak came within 80 % of
     EDGE_UN_JOB_MEMORY_MB or its log says so, else a crash in its last recorded stage."""
-    from service.worker.job_process import exit_message
+    from service.worker.failures import exit_message
 
     log = tmp_path / "job-1.log"
     log.write_text("INFO loading\nFatal Python error: Aborted\n")

@@ -63,6 +63,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from ..errors import InputError
+
 NAMES: tuple[str, ...] = (
     "vit-mnist-un", "vit-mnist-ln", "text-rt-un", "text-rt-ln", "vit-mnist-ln-to-un",
     "text-rt-ln-to-un",
@@ -73,7 +75,7 @@ NAMES: tuple[str, ...] = (
 HF_NAMES: tuple[str, ...] = ("hf-vit-mnist-ln", "hf-vit-mnist-un", "hf-bert-rt-ln", "hf-bert-rt-un")
 
 
-class UnknownExampleError(ValueError):
+class UnknownExampleError(InputError):
     """Not the name of a bundled example model."""
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import InputError
 from ..norms import PowerNormStar, UnifiedNorm
 from ..training.evaluation import accuracy_of, agreement, filtered_counts, predict
 from ..training.inputs import Inputs, ModelInputs, count, forward, head, named
@@ -54,9 +55,9 @@ class FinetuneRecipe:
     def __post_init__(self) -> None:
         self.schedule()  # refuses a non-positive epochs, batch_size or lr
         if not self.temperature > 0:
-            raise ValueError(f"temperature must be positive, got {self.temperature}")
+            raise InputError(f"temperature must be positive, got {self.temperature}")
         if not 0.0 <= self.label_weight <= 1.0:
-            raise ValueError(f"label_weight must be in [0, 1], got {self.label_weight}")
+            raise InputError(f"label_weight must be in [0, 1], got {self.label_weight}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,7 +131,7 @@ def distillation_loss(
     """Hinton's loss: T^2 * KL(teacher_T || student_T), mixed with cross-entropy on labels."""
     if not recipe.distill:
         if labels is None:
-            raise ValueError("distill=False (labels only) needs labels")
+            raise InputError("distill=False (labels only) needs labels")
         return F.cross_entropy(student_logits, labels)
     assert teacher_logits is not None
     t = recipe.temperature
@@ -176,9 +177,9 @@ def distill(
     inputs = named(inputs)
     samples = count(inputs)
     if labels is not None and len(labels) != samples:
-        raise ValueError(f"{samples} inputs but {len(labels)} labels")
+        raise InputError(f"{samples} inputs but {len(labels)} labels")
     if samples == 0:
-        raise ValueError("no training inputs")
+        raise InputError("no training inputs")
     if val_inputs is None:  # agreement only, on the first training inputs
         val, val_labels = head(inputs, 500), None
     else:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
 from ..norms import LayerNorm, OfflineNorm
 from ..training.inputs import ModelInputs, batches, call, head, named
 from .engine import FinetuneRecipe, FinetuneResult, distill
@@ -54,7 +55,7 @@ NORM_TYPES = (OfflineNorm, nn.LayerNorm, LayerNorm)
 CONV1D = ("Conv1D", "transformers.pytorch_utils")
 
 
-class NoBranchOutputsError(ValueError):
+class NoBranchOutputsError(InputError):
     """The model has none of the residual branch output projections ``decay`` acts on."""
 
 
@@ -135,7 +136,7 @@ class RangePenalty:
         top_fraction: float = 1e-3, relative: bool = False,
     ) -> None:  # fmt: skip
         if weight < 0 or target <= 0 or not 0 < top_fraction <= 1:
-            raise ValueError("weight >= 0, target > 0 and 0 < top_fraction <= 1 are required")
+            raise InputError("weight >= 0, target > 0 and 0 < top_fraction <= 1 are required")
         self.weight, self.target, self.top_fraction = weight, target, top_fraction
         self.relative = relative
         self._recorded: list[Tensor] = []
@@ -174,7 +175,7 @@ class BranchDecay:
         self, model: nn.Module, weight: float = 1e-3, names: Sequence[str] = BRANCH_OUTPUTS
     ) -> None:
         if weight < 0:
-            raise ValueError(f"weight must be >= 0, got {weight}")
+            raise InputError(f"weight must be >= 0, got {weight}")
         self.weight = weight
         found = require_branch_outputs(model, names)
         self.modules = [name for name, _ in found]
@@ -258,9 +259,9 @@ def make_int8_ready(
     :data:`BRANCH_OUTPUTS` is refused before any training (:class:`NoBranchOutputsError`).
     """
     if method not in METHODS:
-        raise ValueError(f"unknown int8-ready method {method!r}; expected one of {METHODS}")
+        raise InputError(f"unknown int8-ready method {method!r}; expected one of {METHODS}")
     if not any(isinstance(m, OfflineNorm) for m in model.modules()):
-        raise ValueError("make_int8_ready needs a model with offline norms (migrate it first)")
+        raise InputError("make_int8_ready needs a model with offline norms (migrate it first)")
     if method == "decay":
         require_branch_outputs(model)  # refused before any copy or training
     weight = DEFAULT_WEIGHTS[method] if weight is None else weight

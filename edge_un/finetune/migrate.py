@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from ..errors import InputError
 from ..norms import OFFLINE_KINDS, OfflineNorm, UnifiedNorm
 from ..swap import swap_layernorm
 from ..training.evaluation import agreement, predict
@@ -23,11 +24,11 @@ from .recalibrate import RecalibrationReport, recalibrate
 
 # A student that agrees with its teacher on this share of the validation samples right after the
 # swap is nearly intact: it needs polishing at a fine-tuning learning rate, not the retraining
-# rate that a swap which broke the model needs (measured: README, "Hugging Face models").
+# rate that a swap which broke the model needs (measured: docs/guides/hugging-face.md).
 INTACT_AGREEMENT = 0.9
 
 
-class NothingToMigrateError(ValueError):
+class NothingToMigrateError(InputError):
     """The model has no LayerNorm to replace."""
 
 
@@ -104,7 +105,7 @@ def migration_student(
     Returns (the student, how many LayerNorms were swapped, the statistics' report). Raises
     :class:`NothingToMigrateError` if the model has no LayerNorm."""
     if kind not in OFFLINE_KINDS:
-        raise ValueError(f"migrate to an offline norm ({', '.join(OFFLINE_KINDS)}), not {kind!r}")
+        raise InputError(f"migrate to an offline norm ({', '.join(OFFLINE_KINDS)}), not {kind!r}")
     student = copy.deepcopy(model)
     kwargs = dict(norm_kwargs or {})
     swapped = swap_layernorm(student, kind, **kwargs)

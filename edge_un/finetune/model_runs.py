@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from ..checkpoint import CheckpointInfo, load_checkpoint
 from ..data import UnknownDatasetError, checkpoint_dataset, load_dataset
+from ..errors import InputError
 from ..hf import is_pretrained_model, load_pretrained, named_inputs
 from ..training.inputs import SINGLE_INPUT, ModelInputs, count, named
 from ..training.presets import PRESETS
@@ -38,8 +39,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 # Hugging Face models: a budget in optimizer steps, not epochs, so that the default takes minutes
 # whatever the data set's size (epochs = steps / steps per epoch, at least 1, at most 30). It
 # migrates the HF ViT (29 epochs of 3500 images) and BERT (11 epochs of 8965 sentences) of
-# benchmarks/hf_migrate.py to within 0.5 pt of their teachers in minutes on 2 cores (README,
-# "Hugging Face models"); 800 steps left a ViT taught for 120 epochs 0.6 pt short. Migration
+# benchmarks/hf_migrate.py to within 0.5 pt of their teachers in minutes on 2 cores (docs/
+# guides/hugging-face.md); 800 steps left a ViT taught for 120 epochs 0.6 pt short. Migration
 # keeps its best epoch by validation agreement with the teacher, and a swap that left the model
 # nearly intact (BERT's post-norm blocks: 94 % agreement before fine-tuning; the ViT's pre-norm
 # ones: 23 %) is polished at 2e-4: at 2e-3 the BERT lost 1.1-1.4 pt on two of three seeds.
@@ -145,7 +146,7 @@ def default_recipe(
     """The recipe's defaults for ``purpose``; a Hugging Face model's epochs come from its step
     budget at the batch size the run will use."""
     if purpose not in DEFAULTS:
-        raise ValueError(f"unknown fine-tune purpose {purpose!r}")
+        raise InputError(f"unknown fine-tune purpose {purpose!r}")
     if not is_pretrained_model(model):
         return dict(DEFAULTS[purpose])
     defaults = dict(HF_DEFAULTS[purpose])
@@ -160,9 +161,9 @@ def check_out(source: Path, out: Path, model: nn.Module) -> None:
     """Refuse, before any training, an output that would overwrite the source or that cannot
     hold the model (a Hugging Face model is a directory)."""
     if out.resolve() == source.resolve():
-        raise ValueError(f"--out {out} is the source itself: write the fine-tuned model elsewhere")
+        raise InputError(f"--out {out} is the source itself: write the fine-tuned model elsewhere")
     if is_pretrained_model(model) and (out.is_file() or out.suffix == ".safetensors"):
-        raise ValueError(
+        raise InputError(
             f"--out {out}: a Hugging Face model is written as a directory (config.json + "
             "model.safetensors); give a directory path"
         )

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
 from ..hf import is_pretrained_model, max_sequence_length
 from ..training.inputs import SINGLE_INPUT, Inputs
 
@@ -28,7 +29,7 @@ LABELS = "labels"
 VAL = "val_"  # prefix of the validation split's arrays
 
 
-class FinetuneDataError(ValueError):
+class FinetuneDataError(InputError):
     """No usable data for a fine-tune; the message says what to pass."""
 
 

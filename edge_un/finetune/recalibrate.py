@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
 from ..norms import OfflineNorm
 from ..norms.stats import flatten_tokens, masked_mean
 from ..training.inputs import Inputs, ModelInputs, call, count, head, named, rows
@@ -67,12 +68,12 @@ def recalibrate(
     batches of ``inputs`` (seeded sample; a tensor, or named tensors for a model taking several);
     returns per-layer TID. The model ends in eval mode."""
     if batches < 1 or batch_size < 1:
-        raise ValueError(f"batches and batch_size must be positive, got {batches}, {batch_size}")
+        raise InputError(f"batches and batch_size must be positive, got {batches}, {batch_size}")
     inputs = named(inputs)
     calls = norm_calls(model, head(inputs, 2))
     norms = [(name, norm) for name, (norm, _) in calls.items()]
     if not norms:
-        raise ValueError("the model has no offline norm to recalibrate")
+        raise InputError("the model has no offline norm to recalibrate")
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(count(inputs), generator=generator)[: batches * batch_size]
     chunks = [rows(inputs, order[i : i + batch_size]) for i in range(0, len(order), batch_size)]

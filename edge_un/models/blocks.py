@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
 from ..norms import make_norm
 
 # Added to the attention score of a padded key. Bounded on purpose: exp(-30) ~ 1e-13 removes the
@@ -43,7 +44,7 @@ class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, bias: bool = True) -> None:
         super().__init__()
         if dim % heads:
-            raise ValueError(f"dim ({dim}) must be divisible by heads ({heads})")
+            raise InputError(f"dim ({dim}) must be divisible by heads ({heads})")
         self.heads = heads
         self.head_dim = dim // heads
         self.scale = self.head_dim**-0.5

@@ -7,6 +7,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
 from ..norms import make_norm
 from .blocks import Block, init_weights
 
@@ -34,11 +35,11 @@ class VisionTransformer(nn.Module):
     ) -> None:
         super().__init__()
         if img_size % patch_size:
-            raise ValueError(
+            raise InputError(
                 f"img_size ({img_size}) must be divisible by patch_size ({patch_size})"
             )
         if pool not in ("cls", "mean"):
-            raise ValueError(f"pool must be 'cls' or 'mean', got {pool!r}")
+            raise InputError(f"pool must be 'cls' or 'mean', got {pool!r}")
         norm_kwargs = dict(norm_kwargs or {})
         self.config: dict[str, Any] = {
             "img_size": img_size, "in_chans": in_chans, "patch_size": patch_size, "dim": dim,

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from ..errors import InputError
 from .stats import group_tokens, masked_sum
 
 # What forward_statistics hands to backward_statistics for the same step (method-specific).
@@ -53,9 +54,9 @@ class OfflineNorm(nn.Module):
     def __init__(self, num_features: int, *, momentum: float = 0.9, eps: float = 1e-5) -> None:
         super().__init__()
         if num_features <= 0:
-            raise ValueError(f"num_features must be positive, got {num_features}")
+            raise InputError(f"num_features must be positive, got {num_features}")
         if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+            raise InputError(f"momentum must be in [0, 1), got {momentum}")
         self.num_features = num_features
         self.momentum = momentum
         self.eps = eps
@@ -68,7 +69,7 @@ class OfflineNorm(nn.Module):
 
     def forward(self, x: Tensor, pad_mask: Tensor | None = None) -> Tensor:
         if x.shape[-1] != self.num_features:
-            raise ValueError(
+            raise InputError(
                 f"{type(self).__name__} expects {self.num_features} channels in the last "
                 f"dimension, got input of shape {tuple(x.shape)}"
             )

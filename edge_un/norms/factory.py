@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from ..errors import InputError
 from .base import OfflineNorm
 from .batch import BatchNorm, RegularizedBN
 from .layer import LayerNorm
@@ -36,7 +37,7 @@ def make_norm(kind: str, num_features: int, **kwargs: Any) -> nn.Module:
     try:
         cls = NORM_CLASSES[kind]
     except KeyError:
-        raise ValueError(
+        raise InputError(
             f"unknown norm kind {kind!r}; expected one of {', '.join(NORM_KINDS)}"
         ) from None
     return cls(num_features, **kwargs)

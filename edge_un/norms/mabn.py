@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import InputError
 from .base import OfflineNorm
 
 
@@ -19,7 +20,7 @@ class MABN(OfflineNorm):
     ) -> None:
         super().__init__(num_features, momentum=momentum, eps=eps)
         if window_size < 1:
-            raise ValueError(f"window_size must be positive, got {window_size}")
+            raise InputError(f"window_size must be positive, got {window_size}")
         self.window_size = window_size
         self.register_buffer("window_g", torch.zeros(window_size, num_features))
 

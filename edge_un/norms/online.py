@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import InputError
 from .base import OfflineNorm
 
 
@@ -81,9 +82,9 @@ class OnlineNorm(OfflineNorm):
         eps: float = 1e-5,
     ) -> None:
         if not 0.0 <= alpha_fwd < 1.0:
-            raise ValueError(f"alpha_fwd must be in [0, 1), got {alpha_fwd}")
+            raise InputError(f"alpha_fwd must be in [0, 1), got {alpha_fwd}")
         if not 0.0 <= alpha_bkw < 1.0:
-            raise ValueError(f"alpha_bkw must be in [0, 1), got {alpha_bkw}")
+            raise InputError(f"alpha_bkw must be in [0, 1), got {alpha_bkw}")
         super().__init__(num_features, momentum=alpha_fwd, eps=eps)
         self.alpha_bkw = alpha_bkw
         self.register_buffer("u", torch.zeros(num_features))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import InputError
 from .base import OfflineNorm
 
 
@@ -25,7 +26,7 @@ class PowerNormStar(OfflineNorm):
     ) -> None:
         super().__init__(num_features, momentum=momentum, eps=eps)
         if warmup_iters < 0:
-            raise ValueError(f"warmup_iters must be >= 0, got {warmup_iters}")
+            raise InputError(f"warmup_iters must be >= 0, got {warmup_iters}")
         self.warmup_iters = warmup_iters
         self.register_buffer("grad_gamma", torch.zeros(num_features))
 

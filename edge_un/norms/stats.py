@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ..errors import InputError
+
 
 def flatten_tokens(x: Tensor, pad_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """(..., C) -> (N, C), and pad_mask (...,) -> a (N, 1) float keep-weight (None: keep all)."""
@@ -29,7 +31,7 @@ def group_tokens(
         _check_pad_mask(x, pad_mask)
     if per_sample:
         if x.dim() < 2:
-            raise ValueError(
+            raise InputError(
                 f"per-sample statistics need a batch dimension: input of shape {tuple(x.shape)}, "
                 "expected (B, C) or (B, ..., C)"
             )
@@ -45,7 +47,7 @@ def group_tokens(
 
 def _check_pad_mask(x: Tensor, pad_mask: Tensor) -> None:
     if pad_mask.shape != x.shape[:-1]:
-        raise ValueError(
+        raise InputError(
             f"pad_mask has shape {tuple(pad_mask.shape)}, expected x.shape[:-1] = "
             f"{tuple(x.shape[:-1])}"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import InputError
 from .authors import authors_prefixes, renamed, reshaped
 from .base import OfflineNorm
 from .stats import geometric_mean
@@ -40,9 +41,9 @@ class UnifiedNorm(OfflineNorm):
     ) -> None:
         super().__init__(num_features, momentum=momentum, eps=eps)
         if window_size < 2:
-            raise ValueError(f"window_size must be at least 2, got {window_size}")
+            raise InputError(f"window_size must be at least 2, got {window_size}")
         if warmup_iters < 0:
-            raise ValueError(f"warmup_iters must be >= 0, got {warmup_iters}")
+            raise InputError(f"warmup_iters must be >= 0, got {warmup_iters}")
         self.window_size = window_size
         self.warmup_iters = warmup_iters
         self.outlier_filtration = outlier_filtration

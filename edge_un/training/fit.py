@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from ..checkpoint import save_checkpoint
 from ..data import Dataset, load_dataset
+from ..errors import InputError
 from ..models import TextTransformer, VisionTransformer
 from ..norms import NORM_KINDS
 from .evaluation import accuracy, filtered_counts
@@ -182,13 +183,13 @@ def fit(
     overrides = {"epochs": epochs, "batch_size": batch_size, "lr": lr}
     data = data or DEFAULT_DATA[model]
     if data not in DATA_FOR_MODEL[model]:
-        raise ValueError(
+        raise InputError(
             f"model {model} trains on {', '.join(DATA_FOR_MODEL[model])}, not {data!r}"
         )
     if norm not in NORM_KINDS:
-        raise ValueError(f"unknown norm kind {norm!r}; expected one of {', '.join(NORM_KINDS)}")
+        raise InputError(f"unknown norm kind {norm!r}; expected one of {', '.join(NORM_KINDS)}")
     if not norm_first and model != "text":
-        raise ValueError("post-norm is only available for the text model")
+        raise InputError("post-norm is only available for the text model")
     given = {name: value for name, value in overrides.items() if value is not None}
     schedule = Schedule.of(recipe, seed=seed, **given)
 

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError
+
 # The name a one-input model's tensor travels under; such a model is called positionally.
 SINGLE_INPUT = "inputs"
 
@@ -30,14 +32,14 @@ def named(inputs: ModelInputs) -> Inputs:
     batch-first tensors with one sample count."""
     tensors = dict(inputs) if isinstance(inputs, Mapping) else {SINGLE_INPUT: inputs}
     if not tensors:
-        raise ValueError("no model inputs given")
+        raise InputError("no model inputs given")
     for name, tensor in tensors.items():
         if not isinstance(tensor, Tensor) or tensor.ndim == 0:
-            raise ValueError(f"model input {name!r} must be a batch-first tensor")
+            raise InputError(f"model input {name!r} must be a batch-first tensor")
     counts = {name: len(tensor) for name, tensor in tensors.items()}
     if len(set(counts.values())) > 1:
         listed = ", ".join(f"{name} {count}" for name, count in counts.items())
-        raise ValueError(f"the model inputs have different sample counts ({listed})")
+        raise InputError(f"the model inputs have different sample counts ({listed})")
     return tensors
 
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from ..errors import InputError
 from ..norms import regularization_loss
 from .inputs import Inputs, ModelInputs, count, is_image, named, rows
 
@@ -36,7 +37,7 @@ BatchLoss = Callable[[Inputs, Tensor | None], Tensor]
 ExtraLoss = Callable[[nn.Module], Tensor]
 
 
-class TrainingDivergedError(ValueError):
+class TrainingDivergedError(InputError):
     """The loss or the model's outputs became NaN/Inf; training stopped."""
 
 
@@ -60,7 +61,7 @@ class Schedule:
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "lr"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise InputError(f"{name} must be positive, got {getattr(self, name)}")
 
     @classmethod
     def of(cls, recipe: Any, **changes: Any) -> Schedule:

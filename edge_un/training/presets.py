@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import InputError
+
 MODELS: tuple[str, ...] = ("vit", "text")
 DEFAULT_DATA = {"vit": "mnist", "text": "rt"}
 
@@ -82,10 +84,10 @@ def preset_names(model: str) -> list[str]:
 def get_preset(model: str, name: str) -> Preset:
     """The preset ``name`` for ``model``; a one-line error lists the valid ones."""
     if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
+        raise InputError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
     try:
         return PRESETS[(model, name)]
     except KeyError:
-        raise ValueError(
+        raise InputError(
             f"unknown preset {name!r} for {model}; expected one of {', '.join(preset_names(model))}"
         ) from None

@@ -77,18 +77,20 @@ def _root(
 
 
 def _is_bad_input(error: BaseException) -> bool:
-    """Errors that mean "the input is wrong": they are explained in one line, not a traceback."""
-    if isinstance(error, ValueError | OSError | ModuleNotFoundError):
+    """Errors that are not ours (the input, a tool, this host, the service's answer): explained
+    in one line, not a traceback. The conversion's errors are sorted by quant.errors.blame."""
+    from quant.errors import Blame, blame
+    from service.errors import UsageError
+
+    if blame(error) is not Blame.BUG or isinstance(error, UsageError):
         return True
-    # edge_un is only imported by the commands that need it (torch is slow to import); if it is
-    # not loaded, the error cannot be one of its checkpoint errors.
-    edge_un = sys.modules.get("edge_un")
-    checkpoint_error = getattr(edge_un, "CheckpointError", None)
-    if checkpoint_error is not None and isinstance(error, checkpoint_error):
-        return True
-    # the same for the service's answers (service.client: httpx, loaded by the remote commands)
-    service_error = getattr(sys.modules.get("service.client"), "ServiceError", None)
-    return service_error is not None and isinstance(error, service_error)
+    # settings from the environment (pydantic's), and the service's answers (service.client:
+    # httpx, loaded by the remote commands): an error of a module not loaded was not raised
+    for module, name in (("pydantic", "ValidationError"), ("service.client", "ServiceError")):
+        kind = getattr(sys.modules.get(module), name, None)
+        if kind is not None and isinstance(error, kind):
+            return True
+    return False
 
 
 def exit_code(outcome: str) -> int:

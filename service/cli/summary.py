@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from service.errors import UsageError
+
 from . import output
 
 if TYPE_CHECKING:
@@ -143,7 +145,7 @@ def read_report(directory: Path) -> Report:
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "the document"
-        raise ValueError(
+        raise UsageError(
             f"{path}: not an edge-un report ({error.error_count()} problem(s); first: {where}: "
             f"{first['msg']})"
         ) from None

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
+from service.errors import UsageError
+
 from . import output
 from .app import app, command
 
@@ -88,6 +90,6 @@ def revoke(token_id: Annotated[int, typer.Argument(metavar="ID", help="The token
     try:
         info = revoke_token(settings(), token_id)
     except KeyError:
-        raise ValueError(f"no token with id {token_id} (see edge-un token list)") from None
+        raise UsageError(f"no token with id {token_id} (see edge-un token list)") from None
     output.stdout().print(f"revoked token {info.id} ({info.name}) at {_when(info.revoked_at)}")
     return 0

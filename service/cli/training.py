@@ -10,6 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
+from service.errors import UsageError
+
 from . import output
 from .app import command
 from .choices import Dataset, FinetuneMethod, Model, NormKind, OfflineKind
@@ -194,7 +196,7 @@ def finetune(
 ) -> int:
     """Fine-tune a UN model, e.g. --int8-ready so that pure int8 quantization is accurate."""
     if not int8_ready:
-        raise ValueError("nothing to do: pass --int8-ready (the only fine-tune so far)")
+        raise UsageError("nothing to do: pass --int8-ready (the only fine-tune so far)")
     options = {"method": method, "weight": weight, "target": target}
     recorded = {"int8_ready": int8_ready, **options}
     return _finetune_job("int8-ready", checkpoint, out, options, recorded, locals())

@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from service.errors import UsageError
+
 from .app import command
 from .tokens import settings
 
@@ -45,7 +47,7 @@ def worker(
         ) from None
     if check:
         if not ping_worker(service_settings, hostname):
-            raise ValueError(f"worker {hostname or 'celery@<this host>'} did not answer a ping")
+            raise UsageError(f"worker {hostname or 'celery@<this host>'} did not answer a ping")
         return 0
     run_worker(service_settings, concurrency, hostname)
     return 0

@@ -9,6 +9,7 @@ from pathlib import Path, PurePosixPath
 import httpx
 
 from quant.digest import sha256_file
+from service.errors import UsageError
 
 from .errors import ServiceError
 
@@ -29,7 +30,7 @@ def zip_hf_directory(directory: Path, dest: Path) -> Path:
     config.json and the .safetensors files: the server reads nothing else)."""
     members = [directory / "config.json", *sorted(directory.glob("*.safetensors"))]
     if not members[0].is_file() or len(members) == 1:
-        raise ValueError(
+        raise UsageError(
             f"{directory}: not a Hugging Face save_pretrained directory (it needs config.json "
             "and .safetensors weights)"
         )

@@ -31,7 +31,8 @@ from ..settings import Settings
 from ..storage import make_store
 from .celery_app import HARD_LIMIT_GRACE_S, make_celery, redelivery_s
 from .celery_dispatch import report_task_id, send_report, send_start, send_targets, target_task_id
-from .job_process import clean_leftovers, timeout_message
+from .failures import timeout_message
+from .job_process import clean_leftovers
 
 log = logging.getLogger("edge_un.celery_queue")
 

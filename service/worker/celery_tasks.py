@@ -9,7 +9,7 @@ back (``task_reject_on_worker_lost``): a worker killed in the middle of a target
 target again on another worker, alone. The pool process forks the job process itself (what the
 local queue's fork server does) and watches it: the step runs under the job's memory limit with
 its output in its log (echoed to the worker's output as it comes), and a job process killed by
-a signal ends its step with the reason (``job_process.exit_message``: the signal, the peak
+a signal ends its step with the reason (``failures.exit_message``: the signal, the peak
 address space sampled while it ran, the log's last words), instead of being taken for a lost
 worker and run again into the same crash.
 
@@ -51,15 +51,8 @@ from ..jobs import Claim
 from ..settings import Settings, get_settings
 from ..storage import make_store
 from .celery_dispatch import REPORT_TASK, START_TASK, TARGET_TASK, send_report, send_targets
-from .job_process import (
-    Step,
-    clean_leftovers,
-    enter,
-    exit_message,
-    job_log_path,
-    peak_address_space_mb,
-    timeout_message,
-)
+from .failures import exit_message, peak_address_space_mb, timeout_message
+from .job_process import Step, clean_leftovers, enter, job_log_path
 from .steps import prepare_step, report_step, target_step
 
 WATCH_INTERVAL_S = 0.25  # how often the pool process samples its job process and echoes its log

@@ -8,7 +8,7 @@ process. Each job runs in its own process, forked from a multiprocessing fork se
 imported the pipeline once (a job starts in milliseconds, not after seconds of imports), in
 its own session (process group): a timeout or a cancel kills the whole group; a job process
 that dies without recording an outcome (killed, crashed, out of memory) fails its job with a
-message saying which, from the evidence (``job_process.exit_message``: its peak address space,
+message saying which, from the evidence (``failures.exit_message``: its peak address space,
 sampled at every tick while it runs, and its log), and nothing else is affected. The fork
 server is killed when this process dies (``fork_server``), and job processes die with it (both
 by PR_SET_PDEATHSIG);
@@ -19,39 +19,47 @@ failed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Protocol
 
 import psutil
 
 from .. import jobs
 from ..db import session_scope
-from ..settings import Settings
+from ..jobs import Claim
+from ..settings import Settings, get_settings
 from ..storage import make_store
-from .job_process import (
-    PRELOAD,
-    child_main,
-    clean_leftovers,
-    exit_message,
-    job_log_path,
-    limit_threads,
-    peak_address_space_mb,
-    timeout_message,
-)
+from . import steps
+from .failures import exit_message, peak_address_space_mb, timeout_message
+from .job_process import PRELOAD, clean_leftovers, enter, job_log_path, limit_threads
 
 log = logging.getLogger("edge_un.queue")
 # Imported first by the fork server: it dies with the dispatcher thread that starts it.
 FORK_SERVER_LIFETIME = "service.worker.fork_server"
+
+
+def child_main(job_id: str, attempt: int, environ: dict[str, str], log_path: str) -> None:
+    """The job process as the local queue starts it: a fork of the (preloaded) fork server,
+    handed its settings as EDGE_UN_* variables; it runs the whole conversion."""
+    parent = os.getppid()
+    os.setsid()  # its own process group: a timeout or cancel kills all it started
+    os.environ.update(environ)
+    settings = get_settings()
+    step = functools.partial(steps.run, settings, Claim(job_id, attempt))
+    sys.exit(enter(settings, Path(log_path), parent, step))
 
 
 class JobQueue(Protocol):
@@ -191,7 +199,7 @@ class LocalProcessQueue:
         if self._context is None:
             limit_threads(self.settings)  # before the fork server loads torch
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload([FORK_SERVER_LIFETIME, *PRELOAD])
+            context.set_forkserver_preload([FORK_SERVER_LIFETIME, __name__, *PRELOAD])
             self._context = context
         return self._context
 

@@ -16,12 +16,16 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.orm import Session
 
-from quant.errors import QuantError, one_line
+from converters.progress import ProgressEvent
+from quant.errors import Blame, blame, one_line
 
 from .. import job_targets, jobs
 from ..db import Job, session_scope
@@ -30,12 +34,59 @@ from ..jobs import Claim
 from ..settings import Settings
 from ..storage import ArtifactStore, make_store
 from ..upload_layout import stored_model
-from .job_process import ProgressRecorder, jobs_state, memory_message, out_of_memory
+from .failures import memory_message, out_of_memory
 
 log = logging.getLogger("edge_un.steps")
 # The share of EDGE_UN_JOB_TIMEOUT_S kept for the report after the targets' builds (and, in
 # Celery mode, for a target's task to reach a worker): 90 s of the default 30 minutes.
 REPORT_RESERVE = 0.05
+
+
+Record = Callable[[Session, ProgressEvent], bool]  # False: the step no longer runs
+
+
+class ProgressRecorder:
+    """The pipeline's ``progress``: its events into the job's records (throttled) by ``record``
+    (the job's, or a target's and its job's), and how long each stage took (for the
+    stage-duration metrics)."""
+
+    def __init__(self, settings: Settings, record: Record) -> None:
+        self.settings = settings
+        self.record = record
+        self.interval = settings.progress_interval_s
+        self.last_label: str | None = None
+        self.last_write = 0.0
+        self.stage: str | None = None
+        self.stage_started = time.monotonic()
+        self.durations: list[tuple[str, float]] = []
+
+    def __call__(self, event: ProgressEvent) -> None:
+        now = time.monotonic()
+        if event.stage != self.stage:
+            if self.stage is not None:
+                self.durations.append((self.stage, now - self.stage_started))
+            self.stage, self.stage_started = event.stage, now
+        if event.label != self.last_label or now - self.last_write >= self.interval:
+            self.last_label, self.last_write = event.label, now
+            # False when cancelled meanwhile: nothing to do, the queue kills this process.
+            # A database away (restarting) loses a progress line, not the conversion: the
+            # heartbeat, not this, says whether the step still runs.
+            try:
+                with session_scope(self.settings) as session:
+                    self.record(session, event)
+            except (OperationalError, InterfaceError) as error:
+                log.warning("progress not recorded (the database is away): %s", error)
+
+    def finish(self) -> list[tuple[str, float]]:
+        if self.stage not in (None, "done"):  # "done" is the end marker, not a stage
+            self.durations.append((self.stage, time.monotonic() - self.stage_started))
+            self.stage = None
+        return self.durations
+
+
+def jobs_state(settings: Settings, job_id: str) -> tuple[str, int] | None:
+    with session_scope(settings) as session:
+        return jobs.state_of(session, job_id)
 
 
 def build_deadline(settings: Settings, started_at: datetime | None) -> float:
@@ -52,7 +103,7 @@ def failure(caught: Exception, settings: Settings) -> str:
         if isinstance(caught, ImportError) and not out_of_memory(caught, settings.job_memory_mb):
             raise caught
         return memory_message(settings)
-    if isinstance(caught, QuantError | ValueError | OSError):  # bad input: model, data, targets
+    if blame(caught) is not Blame.BUG:  # the input, a tool or this host: said as it is
         return one_line(caught)
     traceback.print_exc()
     if out_of_memory(caught, settings.job_memory_mb):  # a native library could not allocate
