@@ -1,4 +1,5 @@
-"""The Docker image, built and used as README's "Docker" section says: sizes, and every check.
+"""The Docker image, built and used as the docs' Docker page (docs/service/docker.md) says:
+sizes, and every check.
 
     .venv/bin/python -m benchmarks.docker_image               # ~25 min on 2 cores (cached: ~12)
     .venv/bin/python -m benchmarks.docker_image --report-only # Markdown from the JSON
@@ -8,7 +9,7 @@ with ``shared/tools/docker-check`` (rootful podman; its python:3.11-slim is a lo
 412 MB, 192 MB of which is a /wheels directory the official image does not have), niced:
 ``edge-un:latest`` (every target) and ``edge-un:onnx`` (``--build-arg TFLITE=0``). Measured:
 each image's size, its layers (``podman image history``) and what its big directories hold
-(``du`` inside it). Then README's commands are run as a new user runs them, with ``docker``
+(``du`` inside it). Then the page's commands are run as a new user runs them, with ``docker``
 being podman (same arguments) and from fresh directories under /tmp:
 
 * ``convert`` of the bundled example from a directory owned by root (mode 755), and of a copy
@@ -24,10 +25,11 @@ being podman (same arguments) and from fresh directories under /tmp:
   work);
 * the HTTP service: ``token create`` and ``serve`` on a data volume (a fresh one named
   edge-un-check-PID instead of edge-un-data, a free port instead of 8000), an upload of the
-  bundled example as README's "HTTP service" does it, polling to ``succeeded``, the artifact
-  list and bundle.zip, the image's HEALTHCHECK, and who owns the volume's files.
+  bundled example as the HTTP service page (docs/service/http.md) does it, polling to
+  ``succeeded``, the artifact list and bundle.zip, the image's HEALTHCHECK, and who owns the
+  volume's files.
 
-Each command is checked to appear in README's "Docker" section as run (after the volume and
+Each command is checked to appear on the Docker page as run (after the volume and
 port substitutions above). ``EDGE_UN_DOCKER_BASELINE=REF`` (a git revision, e.g. the commit
 before this image's rework, 37d1859) also builds that revision's Dockerfile, with today's build
 context, as ``edge-un:head`` and records its size and layers (the "before"). Writes
@@ -80,7 +82,7 @@ HTTP_TARGETS = "cpu,imx93"
 GOALS_GB = {"full": 3.0, "onnx": 1.2}
 CONVERT_TIMEOUT_S = 1800
 
-# README's commands, as written there (the "Docker" section must contain each).
+# The Docker page's commands, as written there (docs/service/docker.md must contain each).
 README_COMMANDS = {
     "convert": 'docker run --rm -v "$PWD:/data" edge-un convert -o /data/out',
     "convert_file": 'docker run --rm -v "$PWD:/data" edge-un convert /data/model.safetensors '
@@ -167,11 +169,12 @@ def podman(*args: str, timeout: float = 600) -> str:
     return out
 
 
+DOCKER_PAGE = ROOT / "docs/service/docker.md"  # where the Docker commands are documented
+
+
 def readme_docker_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("\n## Docker\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end > 0 else None]
+    """The documented Docker commands: the docs site's Docker page."""
+    return DOCKER_PAGE.read_text()
 
 
 def fresh_dir(name: str, uid: int) -> Path:
@@ -644,8 +647,8 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "## Checks",
         "",
-        "Each command as README's Docker section writes it (`docker` run as podman), and where the"
-        " check runs it otherwise, how.",
+        "Each command as the Docker page (docs/service/docker.md) writes it (`docker` run as"
+        " podman), and where the check runs it otherwise, how.",
         "",
         "| check | image | README's command | run as | result | time |",
         "|---|---|---|---|---|---|",

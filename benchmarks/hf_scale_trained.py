@@ -17,10 +17,15 @@ directory records (its training split; its held-out test split). ``EDGE_UN_BENCH
 keeps the teacher and the migrated directory there and a re-run reuses them;
 ``EDGE_UN_BENCH_MODELS=NAME,...`` runs those of ``TRAINED`` only.
 
-Not here yet: a BERT-base-sized text model. Trained from scratch on Rotten Tomatoes (24 tokens,
-batch 32, peak rate 2e-4), its loss stayed at chance (0.62-0.98 around ln 2 = 0.69) for the
-first 81 of one epoch's 281 steps, at 10-15 s a step on 2 cores shared with two other jobs:
-it needs more steps, a lower rate or both, more hours than a session here had.
+Not here yet: a BERT-base-sized text model. ``BertForSequenceClassification`` of BERT-base's
+sizes (post-LN, 12 layers of 768) trained from scratch on Rotten Tomatoes cut to 24 tokens
+(AdamW, linear warm-up then cosine decay, as ``make_hf_examples`` trains) stayed at chance:
+its training loss averaged 0.68-0.72 (ln 2 = 0.69) over every 30 steps, for 81 steps of batch
+32 at a peak rate of 2e-4; 210 steps of batch 32 at 1e-4 (10 % warm-up); 450 steps of batch 16
+at 3e-5 (20 % warm-up, past the peak). 1.4-2.6 s a step on 2 cores. ViT-B/16's pre-LN layers
+trained at 3e-4 from the first epoch; a 12-layer post-LN stack from scratch on 9k sentences
+needs what these did not try (a far longer warm-up, a pre-LN family of BERT-base's sizes, or
+masked-LM pre-training on the same data), hours more than a session here had.
 
 Each run is added to the committed ``results/hf_scale.json`` (as ``NAME (trained)``), whose
 Markdown and plot are written again.

@@ -7,7 +7,7 @@
 #   - $EDGE_UN_DATA_DIR for serve, worker and token (the volume: uid 1000 unless mounted from
 #     the host); when that is root's, or does not exist yet, the image's user edge-un (uid
 #     1000; a new directory is made for it): the network-facing service never runs as root;
-#   - the working directory otherwise (/data, where README's commands mount yours);
+#   - the working directory otherwise (/data, where docs/service/docker.md's commands mount yours);
 # and drops to it with setpriv (no supplementary groups), as database images do. For a
 # one-off command a root-owned directory keeps root: only root may write there (and with
 # rootless Docker or podman that root is the host user). Started with --user (not root), it

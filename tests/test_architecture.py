@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The product's packages, left to right: a package may import those to its left, never right.
 LAYERS = ("edge_un", "converters", "quant", "service")
 # Packages that use the product from outside (any layer), and are never imported by it.
-USERS = ("benchmarks", "testbed")
+USERS = ("benchmarks", "testbed", "tools")
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,22 @@ def folder_imports(paths: list[Path], root: Path = ROOT) -> dict[str, set[str]]:
     return graph
 
 
+def module_imports(paths: list[Path], root: Path = ROOT) -> dict[str, set[str]]:
+    """Which of ``paths``'s modules import which other module among them (at module level or
+    inside a function: a lazy import still ties the two): ``from p import m`` names the module
+    ``p.m`` where it is one, else ``p``."""
+    known = {dotted(path, root) for path in paths}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        me = dotted(path, root)
+        for use in uses(path, me, root):
+            named = f"{use.imported}.{use.name}" if use.name else None
+            target = named if named in known else use.imported
+            if target in known and target != me:
+                graph.setdefault(me, set()).add(target)
+    return graph
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Every folder that reaches itself through the graph, with the way round (shortest)."""
     found = []
@@ -151,6 +167,35 @@ def test_no_two_folders_of_a_package_import_each_other(layer: str) -> None:
     folders = [p.parent for p in modules(layer) if p.name == "__init__.py" and p.parent != top]
     assert bool(graph) == bool(folders), f"{layer}: its folders {folders}, read {graph}"
     assert [" -> ".join(way) for way in cycles(graph)] == []
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """Modules depend on each other one way, in the product and in its users (benchmarks,
+    testbed): none imports a module that imports it back, directly or round a cycle. A
+    package's ``__init__`` re-exporting its modules is one way too (they import the modules
+    they need, never the package)."""
+    graph = module_imports(product_and_users())
+    assert len(graph) > 100  # it read the imports
+    assert [" -> ".join(way) for way in cycles(graph)] == []
+
+
+def test_the_module_rule_catches_modules_that_import_each_other(tmp_path: Path) -> None:
+    files = {
+        "pkg/__init__.py": "from .a import run\n",
+        "pkg/a.py": "def run():\n    from pkg import b\n",  # a lazy import counts
+        "pkg/b.py": "from . import a\n",
+        "pkg/c.py": "from pkg.a import run\n",  # one way: no cycle
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = module_imports(sorted((tmp_path / "pkg").rglob("*.py")), tmp_path)
+    assert graph["pkg.b"] == {"pkg.a"} and graph["pkg.a"] == {"pkg.b"}
+    assert graph["pkg.c"] == {"pkg.a"}
+    assert {" -> ".join(way) for way in cycles(graph)} == {
+        "pkg.a -> pkg.b -> pkg.a",
+        "pkg.b -> pkg.a -> pkg.b",
+    }
 
 
 def test_no_module_uses_a_private_name_of_another_package() -> None:

@@ -1,5 +1,5 @@
-"""What the Docker image relies on from the command line (docker/, README "Docker"): an output
-directory the user cannot write is one line that says who, where and what to do; `edge-un
+"""What the Docker image relies on from the command line (docker/, docs/service/docker.md): an
+output directory the user cannot write is one line that says who, where and what to do; `edge-un
 targets` says which targets this installation can build, and `convert` builds those by default.
 
 Run as a user runs it: a subprocess. The tests run as root in CI, where every directory is
