@@ -67,13 +67,22 @@ def _input_errors() -> tuple[type[BaseException], ...]:
     return (ConversionError, QuantError, *loaded)
 
 
+def _tool_errors() -> tuple[type[BaseException], ...]:
+    # quant.toolenv also runs as a script, on the standard library alone (the Docker image's
+    # first layer builds the onnx2tf environment before the code is copied): its errors cannot
+    # derive from ToolError, and are looked up only if it is loaded.
+    toolenv = sys.modules.get("quant.toolenv")
+    loaded = (toolenv.ToolEnvError, toolenv.ToolEnvMissingError) if toolenv is not None else ()
+    return (ToolError, *loaded)
+
+
 def blame(error: BaseException) -> Blame:
     """Whose ``error`` is, by its type: each package raises typed errors for what it was given
     (edge_un's ``InputError``, converters' ``ConversionError``, :class:`QuantError`) and for a
     tool's failure (:class:`ToolError`); a plain ValueError (numpy's, say) is a bug."""
     if isinstance(error, _input_errors()):
         return Blame.INPUT
-    if isinstance(error, ToolError):
+    if isinstance(error, _tool_errors()):
         return Blame.TOOL
     if isinstance(error, OSError | ModuleNotFoundError):
         return Blame.HOST

@@ -41,8 +41,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ToolError
-
 MARKER = "edge-un-toolenv.json"
 SHARED_SITE_PACKAGES = "zz-edge-un-main.pth"  # "zz": read after the tool's own packages
 
@@ -181,11 +179,11 @@ Progress = Callable[[str], None]
 INSTALL_TIMEOUT_S = 3600
 
 
-class ToolEnvMissingError(ToolError):
+class ToolEnvMissingError(RuntimeError):
     """A converter environment is absent or was built from other pins."""
 
 
-class ToolEnvError(ToolError):
+class ToolEnvError(RuntimeError):
     """Creating a converter environment failed (one line; pip's log is kept)."""
 
 

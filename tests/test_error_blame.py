@@ -3,7 +3,10 @@ command line tell the user: each error below is raised by the real code path tha
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +14,7 @@ import pytest
 
 import edge_un
 from converters.source import ModelSource
+from quant import toolenv
 from quant.errors import Blame, blame, one_line, reason
 from quant.targets import get_profile
 from quant.vela import compile_vela
@@ -38,6 +42,11 @@ CASES: dict[str, tuple[Callable[[Path], object], Blame]] = {
     "a model format nobody reads": (lambda tmp: ModelSource(tmp / "m", "zip"), Blame.INPUT),  # type: ignore[arg-type]
     "a target no profile has": (lambda _: get_profile("imx95"), Blame.INPUT),
     "a tool that failed": (lambda tmp: compile_vela(tmp / "missing.tflite", tmp), Blame.TOOL),
+    "a converter environment not made": (
+        lambda tmp: replace(toolenv.ONNX2TF, env_var="EDGE_UN_TEST_NO_SUCH_ENV",
+                            default_dir=str(tmp / "no-env")).require(),
+        Blame.TOOL,
+    ),
     "a file this host lacks": (lambda tmp: (tmp / "missing.npz").read_bytes(), Blame.HOST),
     "numpy refusing our call": (lambda _: np.zeros(3).reshape(2, 2), Blame.BUG),
     "a key we did not put": (lambda _: {}["scale"], Blame.BUG),
@@ -88,3 +97,15 @@ def test_the_command_line_shows_a_bug_as_unexpected_not_as_the_users_mistake(
     printed = " ".join(capsys.readouterr().err.split())
     assert "unexpected error" in printed and "ValueError: cannot reshape" in printed
     assert "--debug" in printed
+
+
+def test_toolenv_still_runs_as_a_script_on_the_standard_library_alone() -> None:
+    """The Docker image's first layer runs quant/toolenv.py by itself (no package, no
+    site-packages): it may import nothing of quant, errors included."""
+    script = Path(toolenv.__file__)
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", str(script), "no-such-env"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("toolenv: error: unknown environment 'no-such-env'")
