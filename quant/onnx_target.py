@@ -31,28 +31,25 @@ off ONNX Runtime's integer kernels, so it counts one bit more accurate than it i
 
 from __future__ import annotations
 
-import shutil
 import tempfile
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
 
 from . import report as schema
-from .deadline import NO_DEADLINE, SearchStopped, cut_note, stop_note, watching
-from .drift import Drift, kernel_gap, measure_drift, onnx_runner, tensor_sqnr
-from .fallback_ladder import (
-    ceiling_note,
-    fallback_order,
-    fallback_sizes,
-    figures,
-    out_of_reach,
-    ships_before,
-)
+from .drift import Drift, TensorError, kernel_gap, tensor_sqnr
+from .fallback_ladder import figures
 from .latency import onnx_latency, thread_counts
+from .onnx_search import (
+    FallbackStep,
+    RecipeTrial,
+    Search,
+    climb_recipes,
+    widen_to_int16,
+)
 from .ort_graph import product_operands
-from .ort_int8 import Preparation, prepare_once, quantize_onnx
+from .ort_int8 import quantize_onnx
 from .pow2_grid import GridSearch, align_streams
 from .pow2_record import recorded_choices
 from .records import (
@@ -65,30 +62,10 @@ from .records import (
 )
 from .rules import check_onnx_artifact, onnx_op_histogram, unsupported_ops
 from .sources import Source, derived_sources, label_of, onnx_graph, onnx_sources, placed_ops
-from .target_job import Bars, TargetJob
+from .target_job import TargetJob
 from .targets import TargetProfile
 
 KERNEL_GAP_PTS = 0.2  # exact vs host kernels: a larger gap is reported as a warning
-# What a build does after its search (the shipped file's SQNR: an fp32 and an int8 pass; the
-# host-kernel drift pass; latency; checks), in exact drift passes of the last file, which the
-# build measured: BERT-base's cpu target 27.0 + 12.9 + 13.8 s after a pass of 18-20 s (one
-# target at a time, benchmarks/results/hf_scale.md), 2.7-3.0 passes; 4 leaves a margin, and a
-# file with int16 tensors runs its SQNR again.
-FINISH_PASSES = 4.0
-
-
-@dataclass(frozen=True)
-class FallbackStep:
-    tensors: tuple[str, ...]
-    drift: Drift
-
-
-@dataclass(frozen=True)
-class RecipeTrial:
-    """One recipe of the int8 ladder and the drift of its pure int8 file."""
-
-    profile: TargetProfile
-    drift: Drift
 
 
 def build_onnx_target(job: TargetJob) -> schema.TargetResult:
@@ -118,123 +95,56 @@ def build_onnx_target(job: TargetJob) -> schema.TargetResult:
 
 
 def _build(job: TargetJob, grid: GridSearch, preparation_dir: Path) -> schema.TargetResult:
-    profile, bars, stage = job.profile, job.bars, job.stage
-    target_dir, out_dir, evaluation = job.target_dir, job.out_dir, job.evaluation
-    artifact = target_dir / "model_int8.onnx"
-
-    def measure(exact: bool) -> Drift:
-        outputs = onnx_runner(artifact, exact=exact)(evaluation.feeds)
-        return measure_drift(job.reference, outputs, evaluation.labels)
-
-    shared: list[Preparation] = []  # the fp32 graph and ranges every quantization below uses
-    passes: list[float] = []  # how long each exact drift pass took
-
-    def quantize_and_measure(recipe: TargetProfile, int16: tuple[str, ...]) -> Drift:
-        if not shared:  # in the first quantize stage: the recipes share gemm_linears
-            shared.append(prepare_once(job.fp32_path, recipe, job.calibration, preparation_dir))
-        quantize_onnx(job.fp32_path, artifact, recipe, job.calibration, int16, shared[0])
-        started = time.monotonic()
-        drift = measure(exact=True)
-        passes.append(time.monotonic() - started)
-        return drift
-
-    def finish_s() -> float:
-        """How long the build takes after its search, from the last drift pass it measured
-        (none yet: as long as the last step)."""
-        return FINISH_PASSES * passes[-1] if passes else step_s
-
-    trials: list[RecipeTrial] = []
-    # why the search stopped short of the bars: time ran out, or the fallback's ceiling missed
-    stopped: list[str] = []
-    step_s = 0.0  # how long the last quantize-and-measure step took
-    unwatched_s = 0.0  # the longest it ran between two deadline checks (quant.deadline)
-
-    def fits() -> bool:
-        """Whether a step can start: the time left holds what runs after the search and what
-        the step runs before it can first be stopped."""
-        return job.deadline.allows(unwatched_s, finish_s())
-
-    def search_step(recipe: TargetProfile, int16: tuple[str, ...], first: bool) -> Drift | None:
-        """quantize_and_measure, stopped part way (None) at its first check that would leave
-        less than ``finish_s`` after it; the first step runs to its end (nothing to ship
-        without it) and only measures how long it runs unwatched."""
-        nonlocal step_s, unwatched_s
-        limit = NO_DEADLINE if first else job.deadline.less(finish_s() + unwatched_s)
-        started = time.monotonic()
-        try:
-            with watching(limit) as watch:
-                drift = quantize_and_measure(recipe, int16)
-        except SearchStopped:
-            return None
-        step_s, unwatched_s = time.monotonic() - started, watch.longest_gap_s
-        return drift
-
-    def stop(done: str, next_step: str) -> None:
-        left = job.deadline.left()
-        stopped.append(stop_note(done, next_step, unwatched_s, left, finish_s(), watched=True))
-
-    with tempfile.TemporaryDirectory() as scratch:
-        missed: list[Path] = []  # each missing recipe's file, in case it is the one kept
-        for number, recipe in enumerate(profile.int8_recipes):
-            step = f"int8 recipe {number + 1}"
-            if number and not fits():
-                stop(f"{number} int8 recipe(s)", step)
-                break
-            stage("quantize", 0.1, "ONNX Runtime" if not number else step)
-            drift = search_step(recipe, (), first=not number)
-            if drift is None:
-                stopped.append(cut_note(f"{number} int8 recipe(s)", step, finish_s()))
-                break
-            trials.append(RecipeTrial(recipe, drift))
-            if trials[-1].drift.within(bars):
-                break
-            missed.append(Path(shutil.copy(artifact, Path(scratch) / f"recipe_{number}.onnx")))
-        kept = kept_recipe(trials, bars)
-        if kept is not trials[-1] or stopped:  # on disk: the last one tried, or one cut short
-            shutil.copy(missed[trials.index(kept)], artifact)
-    profile = kept.profile
-    pure = drift = kept.drift
-    stage("per-tensor SQNR", 0.3)
-    errors = tensor_sqnr(job.fp32_path, artifact, evaluation)
+    """The search (``quant.onnx_search``: recipes, then int16 tensors), the shipped file's
+    checks and measurements, and the result."""
+    search = Search(job, job.target_dir / "model_int8.onnx", preparation_dir)
+    trials, kept = climb_recipes(search)
+    profile, pure = kept.profile, kept.drift
+    job.stage("per-tensor SQNR", 0.3)
+    errors = tensor_sqnr(job.fp32_path, search.artifact, job.evaluation)
     int16: tuple[str, ...] = ()
-    steps: list[FallbackStep] = []
-    if not drift.within(bars) and profile.fallback != "none" and not stopped:
+    drift, steps = pure, []
+    if not pure.within(job.bars) and profile.fallback != "none" and not search.stopped:
         slow = product_operands(onnx.load(str(job.fp32_path), load_external_data=False))
-        ranked = fallback_order(errors, slow)
-        sizes = fallback_sizes(len(ranked))
-        with tempfile.TemporaryDirectory() as scratch:
-            best = Path(scratch) / "best.onnx"  # the file that ships if the search ends now
-            shutil.copy(artifact, best)
-            for size in sizes:
-                step = f"{size} tensors to int16"
-                if not fits():
-                    stop(f"{len(steps)} fallback step(s)", step)
-                    break
-                stage("fallback", 0.4, step)
-                widened = tuple(ranked[:size])
-                widened_drift = search_step(profile, widened, first=False)
-                if widened_drift is None:
-                    stopped.append(cut_note(f"{len(steps)} fallback step(s)", step, finish_s()))
-                    break
-                steps.append(FallbackStep(widened, widened_drift))
-                if ships_before(widened_drift, size, drift, len(int16), bars):
-                    int16, drift = widened, widened_drift
-                    shutil.copy(artifact, best)
-                if widened_drift.within(bars) and size < len(ranked):
-                    break  # the fewest within the bars: the first step, or one after all of them
-                if size == len(ranked) and size != sizes[-1] and out_of_reach(widened_drift, bars):
-                    stopped.append(ceiling_note(size, widened_drift))
-                    break
-            shutil.copy(best, artifact)
+        int16, drift, steps = widen_to_int16(search, profile, pure, errors, slow)
         if int16:  # the shipped file's own error profile, for the report
-            errors = tensor_sqnr(job.fp32_path, artifact, evaluation)
-    check_onnx_artifact(artifact, profile)
+            errors = tensor_sqnr(job.fp32_path, search.artifact, job.evaluation)
+    check_onnx_artifact(search.artifact, profile)
     host = None
     if profile.host_kernel_drift:
-        stage("drift on this host's kernels", 0.75)
-        host = measure(exact=False)
-    stage("latency", 0.8, "ONNX Runtime")
-    name = artifact.relative_to(out_dir).as_posix()
+        job.stage("drift on this host's kernels", 0.75)
+        host = search.measure(exact=False)
+    job.stage("latency", 0.8, "ONNX Runtime")
+    shipped = Shipped(profile, drift, pure if int16 else None, host, int16, errors)
+    return _result(job, search, grid, shipped, trials, kept, steps)
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """The file the search left: its recipe, drift (exact; pure int8 when it widens tensors;
+    on this host's kernels), int16 tensors and per-tensor errors."""
+
+    profile: TargetProfile
+    drift: Drift
+    pure: Drift | None
+    host: Drift | None
+    int16: tuple[str, ...]
+    errors: list[TensorError]
+
+
+def _result(
+    job: TargetJob,
+    search: Search,
+    grid: GridSearch,
+    shipped: Shipped,
+    trials: list[RecipeTrial],
+    kept: RecipeTrial,
+    steps: list[FallbackStep],
+) -> schema.TargetResult:
+    """What the build made and measured, for the report (the file timed here)."""
+    artifact, bars, evaluation = search.artifact, job.bars, job.evaluation
+    profile, int16 = shipped.profile, shipped.int16
+    name = artifact.relative_to(job.out_dir).as_posix()
     sample = evaluation.rows(0, 1)
     sources = onnx_sources(job.fp32_path)  # errors name fp32 tensors (the int8 file keeps them)
     worst = [
@@ -245,7 +155,7 @@ def _build(job: TargetJob, grid: GridSearch, preparation_dir: Path) -> schema.Ta
             own_sqnr_db=finite(e.own_sqnr_db),
             module=label_of(sources, e.name),
         )
-        for e in errors[:WORST_LAYERS]
+        for e in shipped.errors[:WORST_LAYERS]
     ]
     fallback_ops = unsupported_ops(onnx_op_histogram(artifact), profile)
     description = "int8 QDQ ONNX" + (f", {len(int16)} activations int16" if int16 else "")
@@ -255,16 +165,17 @@ def _build(job: TargetJob, grid: GridSearch, preparation_dir: Path) -> schema.Ta
     ) -> schema.Drift:
         return drift_record(figure, name, layers, bars, arithmetic)
 
+    host = shipped.host
     return schema.TargetResult(
-        artifacts=[artifact_record(artifact, out_dir, "onnx", description)],
+        artifacts=[artifact_record(artifact, job.out_dir, "onnx", description)],
         inputs=onnx_inputs(artifact),
-        drift=record(drift, worst, "exact"),
-        pure_int8_drift=record(pure, [], "exact") if int16 else None,
+        drift=record(shipped.drift, worst, "exact"),
+        pure_int8_drift=None if shipped.pure is None else record(shipped.pure, [], "exact"),
         host_drift=None if host is None else record(host, [], "onnxruntime"),
         warnings=recipe_warnings(trials, kept)
-        + ([] if host is None else kernel_warnings(drift, host))
+        + ([] if host is None else kernel_warnings(shipped.drift, host))
         + ([grid.note] if grid.note else [])
-        + stopped,
+        + search.stopped,
         latency=[
             latency_record(onnx_latency(artifact, sample, t, job.latency_runs), "onnxruntime", name)
             for t in thread_counts()
@@ -305,16 +216,6 @@ def _build(job: TargetJob, grid: GridSearch, preparation_dir: Path) -> schema.Ta
             for number, step in enumerate(steps, start=1)
         ],
     )
-
-
-def kept_recipe(trials: list[RecipeTrial], bars: Bars) -> RecipeTrial:
-    """The first recipe within the bars; when none is, the one with the highest agreement (the
-    smaller drop, then the earlier recipe, breaks a tie): the pure int8 file closest to them."""
-    for trial in trials:
-        if trial.drift.within(bars):
-            return trial
-    # max keeps the first of equals: the earlier (cheaper) recipe
-    return max(trials, key=lambda t: (t.drift.agreement, -(t.drift.top1_drop_pts or 0.0)))
 
 
 def recipe_warnings(trials: list[RecipeTrial], kept: RecipeTrial) -> list[str]:

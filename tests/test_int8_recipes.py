@@ -23,7 +23,8 @@ from quant.bias_correction import bias_sites, channel_means
 from quant.data import Samples
 from quant.drift import Drift, measure_drift, onnx_runner
 from quant.errors import RuleViolation
-from quant.onnx_target import RecipeTrial, build_onnx_target, kept_recipe
+from quant.onnx_search import RecipeTrial, kept_recipe
+from quant.onnx_target import build_onnx_target
 from quant.ort_attention import calibrated_absmax, signed_operand_sources
 from quant.ort_int8 import SavedTensors, prepare_for_quantization, prepare_once, quantize_onnx
 from quant.pipeline import convert
