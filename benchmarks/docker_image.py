@@ -4,10 +4,12 @@ sizes, and every check.
     .venv/bin/python -m benchmarks.docker_image               # ~25 min on 2 cores (cached: ~12)
     .venv/bin/python -m benchmarks.docker_image --report-only # Markdown from the JSON
 
-Run by hand, as root, not by the test suite: no Docker engine is needed. Both variants are built
-with ``shared/tools/docker-check`` (rootful podman; its python:3.11-slim is a local STAND-IN,
-412 MB, 192 MB of which is a /wheels directory the official image does not have), niced:
-``edge-un:latest`` (every target) and ``edge-un:onnx`` (``--build-arg TFLITE=0``). Measured:
+Run by hand, as root, not by the test suite: no Docker engine is needed. The three variants are
+built with ``shared/tools/docker-check`` (rootful podman; its python:3.11-slim is a local
+STAND-IN, 412 MB, 192 MB of which is a /wheels directory the official image does not have),
+niced: ``edge-un:latest`` (every target, both TFLite converters), ``edge-un:litert``
+(``--build-arg TFLITE=litert``: litert-torch alone, every target for a torch source) and
+``edge-un:onnx`` (``--build-arg TFLITE=0``: cpu and tda4vm). Measured:
 each image's size, its layers (``podman image history``) and what its big directories hold
 (``du`` inside it). Then the page's commands are run as a new user runs them, with ``docker``
 being podman (same arguments) and from fresh directories under /tmp:
@@ -20,9 +22,12 @@ being podman (same arguments) and from fresh directories under /tmp:
   under /opt/edge-un readable;
 * ``--user 1234`` on the root-owned directory: exit 1 and ONE line naming the uid, the directory
   and the fix;
-* ``edge-un targets`` in both variants; ``edge-un:onnx convert`` with the default targets
-  (cpu and tda4vm, the others named in a note) and with ``--target imx93`` (one line, before any
-  work);
+* ``edge-un:litert``: ``targets``, ``convert`` of the bundled example (every target), and an
+  ONNX file (``export`` then ``convert --target cpu,imx93``: cpu built, imx93 failed with a
+  reason naming onnx2tf, exit 3);
+* ``edge-un targets`` in the full and onnx variants; ``edge-un:onnx convert`` with the
+  default targets (cpu and tda4vm, the others named in a note) and with ``--target imx93`` (one
+  line, before any work);
 * the HTTP service: ``token create`` and ``serve`` on a data volume (a fresh one named
   edge-un-check-PID instead of edge-un-data, a free port instead of 8000), an upload of the
   bundled example as the HTTP service page (docs/service/http.md) does it, polling to
@@ -67,6 +72,12 @@ PODMAN_ENV = {
 }
 VARIANTS = {
     "full": {"tag": "edge-un:latest", "args": [], "targets": ["cpu", "imx93", "imx8mp", "tda4vm"]},
+    # litert-torch alone: every target for a torch source, cpu and tda4vm for an ONNX file
+    "litert": {
+        "tag": "edge-un:litert",
+        "args": ["--build-arg", "TFLITE=litert"],
+        "targets": ["cpu", "imx93", "imx8mp", "tda4vm"],
+    },
     "onnx": {
         "tag": "edge-un:onnx",
         "args": ["--build-arg", "TFLITE=0"],
@@ -79,7 +90,7 @@ NICE = ["nice", "-n", "10"]
 EXAMPLE = ROOT / "edge_un/examples/vit-mnist-ln-to-un.safetensors"  # convert's default model
 HTTP_EXAMPLE = ROOT / "edge_un/examples/vit-mnist-un.safetensors"  # README's HTTP upload
 HTTP_TARGETS = "cpu,imx93"
-GOALS_GB = {"full": 3.0, "onnx": 1.2}
+GOALS_GB = {"full": 3.0, "onnx": 1.2}  # litert: none set
 CONVERT_TIMEOUT_S = 1800
 
 # The Docker page's commands, as written there (docs/service/docker.md must contain each).
@@ -90,8 +101,14 @@ README_COMMANDS = {
     "convert_onnx": 'docker run --rm -v "$PWD:/data" edge-un:onnx convert -o /data/out',
     "convert_onnx_imx93": 'docker run --rm -v "$PWD:/data" edge-un:onnx convert --target imx93 '
     "-o /data/out",
+    "convert_litert": 'docker run --rm -v "$PWD:/data" edge-un:litert convert -o /data/out',
+    "export_litert": 'docker run --rm -v "$PWD:/data" edge-un:litert export --out /data/onnx',
+    "convert_litert_onnx": 'docker run --rm -v "$PWD:/data" edge-un:litert convert '
+    "/data/onnx/model.onnx --calib /data/calib.npz --eval /data/eval.npz --target cpu,imx93 "
+    "-o /data/out",
     "targets": "docker run --rm edge-un targets",
     "targets_onnx": "docker run --rm edge-un:onnx targets",
+    "targets_litert": "docker run --rm edge-un:litert targets",
     "shell": 'docker run --rm -it -v "$PWD:/data" edge-un sh',
     "user": 'docker run --rm --user "$(id -u):$(id -g)" -v "$PWD:/data" edge-un convert '
     "-o /data/out",
@@ -219,7 +236,8 @@ def measure(tag: str) -> dict[str, Any]:
         if int(h.get("size", 0)) > 0
     ]
     script = (
-        "du -sm --exclude=tflite-env /opt/edge-un; du -sm /opt/edge-un/tflite-env 2>/dev/null; "
+        "du -sm --exclude=tflite-env --exclude=litert-env /opt/edge-un; "
+        "du -sm /opt/edge-un/tflite-env /opt/edge-un/litert-env 2>/dev/null; "
         "du -sm /usr/local /wheels /usr/lib /usr/share 2>/dev/null; "
         "cd /opt/edge-un/lib/python3*/site-packages && du -sm * | sort -rn | head -15 "
         "| sed 's|^\\([0-9]*\\)\\t|\\1\\tmain:|'; "
@@ -227,7 +245,11 @@ def measure(tag: str) -> dict[str, Any]:
         "| sort -rn | head -10 | sed 's|^\\([0-9]*\\)\\t|\\1\\ttflite:|'; true"
     )
     out = podman("run", "--rm", "--entrypoint", "sh", tag, "-c", script)
-    names = {"/opt/edge-un": "main venv", "/opt/edge-un/tflite-env": "tflite-env"}
+    names = {
+        "/opt/edge-un": "main venv",
+        "/opt/edge-un/tflite-env": "tflite-env",
+        "/opt/edge-un/litert-env": "litert-env",
+    }
     du = {}
     for line in out.splitlines():
         mib, _, path = line.partition("\t")
@@ -344,6 +366,45 @@ def check_one_line(command: str, cwd: Path, pattern: str) -> dict[str, Any]:
         "exit": code,
         "stderr_lines": len(lines),
         "line": lines[0] if lines else "",
+        "container_s": seconds,
+    }
+
+
+def write_example_data(directory: Path, samples: int = 200) -> None:
+    """calib.npz (its training split) and eval.npz (its test split) of the bundled example,
+    as a user of an ONNX file writes them, owned by the directory's owner."""
+    import numpy as np
+
+    from edge_un import load_checkpoint
+    from edge_un.data import checkpoint_split
+
+    _, info = load_checkpoint(EXAMPLE)
+    owner = directory.stat().st_uid
+    for name, part in (("calib", "train"), ("eval", "test")):
+        inputs, labels = checkpoint_split(info, part)
+        path = directory / f"{name}.npz"
+        np.savez(path, images=inputs[:samples].numpy(), labels=labels[:samples].numpy())
+        os.chown(path, owner, owner)
+
+
+def check_onnx_without_onnx2tf(export: str, convert: str, cwd: Path) -> dict[str, Any]:
+    """An image without onnx2tf given an ONNX file: cpu built, imx93 failed with a reason that
+    names the missing converter (exit 3, partial), not a crash."""
+    write_example_data(cwd)  # an ONNX file records no data set: the user gives it
+    export_code, _, export_err, _ = docker(export, cwd, timeout=900)
+    code, _, err, seconds = docker(convert, cwd)
+    report_path = cwd / "out" / REPORT_FILE
+    targets = json.loads(report_path.read_text())["targets"] if report_path.is_file() else {}
+    statuses = {name: target["status"] for name, target in targets.items()}
+    reason = (targets.get("imx93") or {}).get("error") or ""
+    ok = export_code == 0 and code == 3 and statuses == {"cpu": "ok", "imx93": "failed"}
+    return {
+        "ok": ok and "onnx2tf" in reason,
+        "export_exit": export_code,
+        "exit": code,
+        "statuses": statuses,
+        "imx93_error": reason,
+        "stderr": last_lines(export_err + err),
         "container_s": seconds,
     }
 
@@ -483,10 +544,12 @@ def run_all() -> dict[str, Any]:
         results["baseline"] = build_baseline(ref)
 
     checks = Checks(readme_docker_section())
-    root_dir, user_dir, onnx_dir = (
+    root_dir, user_dir, onnx_dir, litert_dir, litert_onnx_dir = (
         fresh_dir("root", 0),
         fresh_dir("uid1001", 1001),
         fresh_dir("onnx", 1001),
+        fresh_dir("litert", 1001),
+        fresh_dir("litert-onnx", 1001),
     )
     shutil.copy(EXAMPLE, user_dir / "model.safetensors")
     os.chown(user_dir / "model.safetensors", 1001, 1001)
@@ -566,9 +629,35 @@ def run_all() -> dict[str, Any]:
             lambda: check_one_line(
                 README_COMMANDS["convert_onnx_imx93"],
                 refused,
-                r"edge-un convert: error: this installation cannot build "
-                r"imx93: the TFLite converter environment is missing .*",
+                r"edge-un convert: error: this installation cannot build imx93: the "
+                r"PyTorch -> LiteRT converter .* environment is missing .*; the ONNX -> "
+                r"TFLite converter .* environment is missing .*; the edge-un:onnx Docker "
+                r"image has none",
             ),
+        )
+        litert = VARIANTS["litert"]["targets"]
+        checks.add(
+            "targets",
+            "litert",
+            README_COMMANDS["targets_litert"],
+            lambda: check_targets(README_COMMANDS["targets_litert"], litert),
+        )
+        checks.add(
+            "convert, default targets",
+            "litert",
+            README_COMMANDS["convert_litert"],
+            lambda: check_convert(README_COMMANDS["convert_litert"], litert_dir, 1001, litert),
+        )
+        checks.add(
+            "an ONNX file: cpu built, imx93 failed naming onnx2tf",
+            "litert",
+            README_COMMANDS["convert_litert_onnx"],
+            lambda: check_onnx_without_onnx2tf(
+                README_COMMANDS["export_litert"],
+                README_COMMANDS["convert_litert_onnx"],
+                litert_onnx_dir,
+            ),
+            f"{README_COMMANDS['export_litert']}; {README_COMMANDS['convert_litert_onnx']}",
         )
         checks.add(
             "token create + serve + upload + poll to succeeded",
@@ -578,7 +667,7 @@ def run_all() -> dict[str, Any]:
             f"{README_COMMANDS['token']}; {README_COMMANDS['serve']} (another volume and port)",
         )
     finally:
-        for path in (root_dir, user_dir, onnx_dir, clean, refused):
+        for path in (root_dir, user_dir, onnx_dir, litert_dir, litert_onnx_dir, clean, refused):
             shutil.rmtree(path, ignore_errors=True)
     results["checks"] = checks.results
     results["all_ok"] = all(c["ok"] for c in checks.results)
@@ -610,8 +699,9 @@ def markdown(results: dict[str, Any]) -> str:
         )
         + ". Generated by `python -m benchmarks.docker_image`.",
         "",
-        "| image | size | goal | above the base | main venv | TFLite env | build |",
-        "|---|---|---|---|---|---|---|",
+        "| image | size | goal | above the base | main venv | litert-torch env | onnx2tf env "
+        "| build |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     rows = [(v, results["variants"][v]) for v in results["variants"]]
     if "baseline" in results:
@@ -625,6 +715,7 @@ def markdown(results: dict[str, Any]) -> str:
             + (f"<= {goal} GB" if goal else "-")
             + f" | {gb(info['bytes'] - base['bytes'])} | "
             + f"{du.get('main venv', 0)} MiB | "
+            + f"{du.get('litert-env', 0)} MiB | "
             + f"{du.get('tflite-env', 0)} MiB | "
             + f"{build['seconds']:.0f} s ({build['cached_steps']} cached steps) |"
         )
