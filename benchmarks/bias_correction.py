@@ -5,10 +5,10 @@
 
 For the QDQ ONNX targets that correct biases (cpu: its ladder's second recipe; tda4vm: always),
 each bundled HF model's folded fp32 ONNX (its attention masks bounded, as the pipeline's) is
-quantized twice with ``quant.ort_int8.quantize_onnx`` on its training split's calibration
+quantized twice with ``quant.ort.quantize.quantize_onnx`` on its training split's calibration
 samples: the target's recipe without and with its int32 biases corrected
-(``quant.bias_correction``), each timed (the difference is the correction's cost: one walk
-through the graph, ``quant.graph_walk``). Both files are measured on the
+(``quant.ort.bias_correction``), each timed (the difference is the correction's cost: one walk
+through the graph, ``quant.measure.graph_walk``). Both files are measured on the
 held-out test split in the target's exact arithmetic (``onnx_runner(exact=True)``) against the
 fp32 file: the logits' RMS error, the largest per-class mean error (what the correction
 removes), top-1 agreement and drop. The fp32 logits' top-1 margin says how close to a flip the
@@ -35,8 +35,8 @@ from converters.attention_masks import bound_attention_masks
 from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
 from quant.data import CALIBRATION_SAMPLES, checkpoint_samples
-from quant.drift import measure_drift, onnx_runner
-from quant.ort_int8 import quantize_onnx
+from quant.measure.drift import measure_drift, onnx_runner
+from quant.ort.quantize import quantize_onnx
 from quant.prepare import input_specs
 from quant.targets import PROFILES
 

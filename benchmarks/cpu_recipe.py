@@ -6,14 +6,15 @@ with and without VNNI, at what accuracy and speed.
 
 ONNX Runtime's x86 u8s8 (and s8s8) kernels without VNNI add pairs of u8 x s8 products into
 int16 (VPMADDUBSW), which saturates with 8-bit weights. Candidates, each the cpu profile with one
-change (``quant.ort_int8.quantize_onnx``): the 8-bit weights it had, 7-bit weights
+change (``quant.ort.quantize.quantize_onnx``): the 8-bit weights it had, 7-bit weights
 (``reduce_range``), uint8 weights (U8U8 kernels, no VPMADDUBSW), and int8 symmetric activations.
 Each is measured on the bundled UN models' held-out test split, against their fp32 ONNX:
 
 * exact: the QDQ graph as written (``onnx_runner(exact=True)``: no fused int8 kernel), what any
   non-saturating integer kernel computes;
 * this host's int8 kernels (``onnx_runner``);
-* on a host with VNNI, also ONNX Runtime under QEMU's Haswell model (``quant.emulation``): the
+* on a host with VNNI, also ONNX Runtime under QEMU's Haswell model (``quant.measure.emulation``):
+the
   kernels of an x86 without VNNI. On a host without VNNI that is what "this host" already is.
 
 Speed: batch 1, one thread, every candidate and the fp32 file of a model in one process,
@@ -43,11 +44,12 @@ from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
 from edge_un.models import VisionTransformer
 from quant.data import Samples, as_feeds, checkpoint_samples
-from quant.drift import measure_drift, onnx_runner
-from quant.emulation import qemu_available, run_onnx_emulated
 from quant.host import VNNI, describe_host
-from quant.ort_int8 import quantize_onnx
-from quant.targets import DEFAULT_MIN_AGREEMENT, PROFILES, TargetProfile
+from quant.measure.bars import DEFAULT_MIN_AGREEMENT
+from quant.measure.drift import measure_drift, onnx_runner
+from quant.measure.emulation import qemu_available, run_onnx_emulated
+from quant.ort.quantize import quantize_onnx
+from quant.targets import PROFILES, TargetProfile
 
 NAME = "cpu_recipe"
 ACCURACY_MODELS = ("vit-mnist-ln-to-un", "vit-mnist-un", "text-rt-un", "text-rt-ln-to-un")

@@ -45,7 +45,7 @@ from onnx import helper
 
 import edge_un
 import quant
-import quant.ort_graph
+import quant.ort.graph
 from benchmarks.hf_scale import CALIBRATION, MODELS
 from benchmarks.ort_speed import WORK as PROFILES_DIR
 from benchmarks.ort_speed import feed, op_profile, session
@@ -53,10 +53,10 @@ from benchmarks.results_main import ROOT, benchmark_main, git_commit, save_figur
 from edge_un.hf.record import save_pretrained
 from quant.data import Samples
 from quant.host import describe_host
-from quant.litert import sample_runner
-from quant.ort_int8 import quantize_onnx
+from quant.ort.quantize import quantize_onnx
 from quant.report import Host
 from quant.targets import PROFILES
+from quant.tflite.litert import sample_runner
 
 NAME = "cpu_vs_litert"
 ROUNDS, CALLS = 15, 3
@@ -89,7 +89,7 @@ def convert(name: str) -> dict[str, Path]:
     fp32 = next((work / "out" / "fp32").glob("*_dynamic.onnx"))
     samples = Samples(calibration, None, "calibration")
     max_min = work / "max_min.onnx"
-    with mock.patch.object(quant.ort_graph, "MASK_OPS", frozenset()):  # c076d8d's chains
+    with mock.patch.object(quant.ort.graph, "MASK_OPS", frozenset()):  # c076d8d's chains
         quantize_onnx(fp32, max_min, PROFILES["cpu"], samples)
     before = work / "before.onnx"
     onnx.save(as_one_clip(onnx.load(str(max_min))), str(before))
@@ -102,7 +102,7 @@ def convert(name: str) -> dict[str, Path]:
 
 
 def as_one_clip(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Each s8 operand's Max and Min (``quant.ort_attention``) as the one Clip it was before."""
+    """Each s8 operand's Max and Min (``quant.ort.attention``) as the one Clip it was before."""
     producers = {out: node for node in model.graph.node for out in node.output}
     nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:

@@ -41,7 +41,8 @@ import edge_un
 from benchmarks import hf_families_trained as trained
 from benchmarks.conversion_record import cpu_op_types, target_record, timed_convert
 from benchmarks.results_main import RESULTS, benchmark_main, save_figure
-from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, TARGET_NAMES
+from quant.measure.bars import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT
+from quant.targets import TARGET_NAMES
 from testbed import hf_families
 
 NAME = "hf_families"

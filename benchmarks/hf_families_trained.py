@@ -41,8 +41,9 @@ from benchmarks.conversion_record import cpu_op_types, target_record, timed_conv
 from benchmarks.hf_migrate import CLI, TEACHERS, made_once, seconds_cell
 from quant.errors import one_line
 from quant.host import describe_host
+from quant.measure.bars import DEFAULT_MIN_AGREEMENT
 from quant.report import Host
-from quant.targets import DEFAULT_MIN_AGREEMENT, TARGET_NAMES
+from quant.targets import TARGET_NAMES
 
 SEED = 0
 # model -> its family, data, and the int8-ready options beyond the command's defaults.

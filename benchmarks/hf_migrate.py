@@ -48,9 +48,10 @@ from benchmarks.paired_flips import PairedFlips, held_out_flips, paired
 from benchmarks.results_main import RESULTS, benchmark_main, git_commit, save_figure
 from edge_un import examples
 from quant.host import describe_host
-from quant.pow2_grid import NOT_SEARCHED
+from quant.measure.bars import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT
+from quant.ort.pow2.grid import NOT_SEARCHED
 from quant.report import REPORT_FILE, Report, TargetReport, power_of_two_counts
-from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TARGET_NAMES
+from quant.targets import PROFILES, TARGET_NAMES
 
 NAME = "hf_migrate"
 SEEDS = (0, 1, 2)
@@ -162,12 +163,12 @@ def target_figures(target: TargetReport) -> dict[str, Any]:
         "arithmetic": None if pure is None else pure.arithmetic,
         "int8_recipe": target.int8_recipe,
         "recipes_tried": [trial.model_dump() for trial in target.recipes_tried],
-        # tda4vm's scale choices (quant.pow2_record) by kind: rounded up / down / of those, two
+        # tda4vm's scale choices (quant.ort.pow2.record) by kind: rounded up / down / of those, two
         # powers of two or more down
         "power_of_two": power_of_two_counts(target.power_of_two_scales)
         if target.power_of_two_scales
         else None,
-        # tda4vm's residual stream factors (quant.pow2_grid), and why a search did not run
+        # tda4vm's residual stream factors (quant.ort.pow2.grid), and why a search did not run
         "stream_factors": [found.model_dump() for found in target.stream_factors],
         "warnings": target.warnings,
     }
@@ -258,11 +259,12 @@ def _power_of_two_lines(results: dict[str, Any]) -> list[str]:
         return []
     lines = [
         "",
-        f"tda4vm's power-of-two scales at {results.get('commit', '?')} (quant.pow2_scales: each "
-        "scale the power of two, of the ceiling of its MinMax scale and the ones below it, that "
-        "quantizes its calibration values, or a weight channel its own, with the least squared "
-        "error): rounded up / down (of those, two or more powers of two down); the residual "
-        "streams' factors (quant.pow2_grid: the search's logits MSE at 1 -> at the factor).",
+        f"tda4vm's power-of-two scales at {results.get('commit', '?')} (quant.ort.pow2.scales: "
+        "each scale the power of two, of the ceiling of its MinMax scale and the ones below it, "
+        "that quantizes its calibration values, or a weight channel its own, with the least "
+        "squared error): rounded up / down (of those, two or more powers of two down); the "
+        "residual streams' factors (quant.ort.pow2.grid: the search's logits MSE at 1 -> at "
+        "the factor).",
         "",
         "| model | seed | activations | weight channels | stream factors | tda4vm pure int8 | "
         "previous run |",

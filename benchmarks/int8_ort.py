@@ -4,10 +4,10 @@
 
 The measurement used by benchmarks.finetune: fold and export the checkpoint
 (``converters.pipeline.convert``, opset 18), then the product's quantizer
-(``quant.ort_int8.quantize_onnx``) with ``PROFILE``: QDQ, per-channel symmetric int8 weights,
+(``quant.ort.quantize.quantize_onnx``) with ``PROFILE``: QDQ, per-channel symmetric int8 weights,
 symmetric int8 activations, MinMax calibration on the first 256 samples of the checkpoint's
 training split, no 16-bit tensor; evaluated on its 1000-sample test split against the fp32 ONNX
-model with the product's drift measure (``quant.drift.measure_drift``: top-1 agreement, the
+model with the product's drift measure (``quant.measure.drift.measure_drift``: top-1 agreement, the
 accuracy drop, and the cosine of all logits at once).
 """
 
@@ -24,8 +24,8 @@ import edge_un
 from converters.pipeline import convert
 from edge_un import data as edge_data
 from quant.data import Samples, as_feeds
-from quant.drift import measure_drift, onnx_runner
-from quant.ort_int8 import quantize_onnx
+from quant.measure.drift import measure_drift, onnx_runner
+from quant.ort.quantize import quantize_onnx
 from quant.targets import PROFILES
 
 CALIBRATION_SAMPLES = 256

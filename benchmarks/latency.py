@@ -11,10 +11,10 @@ A run of only some pairs, or without the pipeline stages, or ``--quick``, writes
 Models: ViT-Tiny (224x224 RGB, patch 16, dim 192, depth 12, heads 3, random weights: timing
 only) as an LN twin and a UN model, and the bundled examples vit-mnist-ln/-un, text-rt-ln/-un.
 Artifacts are made with the project's own code: ``converters.pipeline`` (fold, export at opset
-21 with a dynamic batch for ONNX Runtime, opset 20 batch 1 for TFLite), ``quant.ort_int8``
+21 with a dynamic batch for ONNX Runtime, opset 20 batch 1 for TFLite), ``quant.ort.quantize``
 (the ``cpu`` target's settings: QDQ, per-channel s8 weights, u8 activations, MinMax),
-``quant.tflite.convert_tflite`` (onnx2tf + TensorFlow's converter, full int8 and its fp32
-file) and ``quant.vela`` (imx93's Ethos-U65-256 config).
+``quant.tflite.onnx2tf.convert_tflite`` (onnx2tf + TensorFlow's converter, full int8 and its fp32
+file) and ``quant.tflite.vela`` (imx93's Ethos-U65-256 config).
 
 Each configuration runs in a probe process of its own (``latency_probe``), all probes of a
 model alive at once; the parent goes round-robin over configurations for several rounds, so
@@ -50,11 +50,11 @@ from edge_un import examples
 from edge_un.models import VisionTransformer
 from quant.data import CALIBRATION_SAMPLES, Samples, as_feeds, checkpoint_samples
 from quant.host import describe_host
-from quant.latency import thread_counts
-from quant.ort_int8 import quantize_onnx
+from quant.measure.latency import thread_counts
+from quant.ort.quantize import quantize_onnx
 from quant.targets import PROFILES
-from quant.tflite import convert_tflite
-from quant.vela import compile_vela
+from quant.tflite.onnx2tf import convert_tflite
+from quant.tflite.vela import compile_vela
 
 SCRATCH = ROOT / "build" / "latency-bench"
 PROBE = [sys.executable, "-m", "benchmarks.latency_probe"]

@@ -5,13 +5,13 @@
 
 A conversion may build its targets at once (``edge-un convert --parallel N``, Celery workers on
 one machine), and each target times its file while the others quantize and measure. This times
-the files a report times, with the report's own functions (``quant.latency.onnx_latency``,
-``quant.litert.latency_tflite``: p50 over up to 100 batch-1 runs), on a quiet host and beside
+the files a report times, with the report's own functions (``quant.measure.latency.onnx_latency``,
+``quant.tflite.litert.latency_tflite``: p50 over up to 100 batch-1 runs), on a quiet host and beside
 1 and 2 processes doing what a build spends most of its time on: the exact QDQ arithmetic of the
 same int8 model over batches of 32 samples (drift, SQNR and bias-correction passes; ONNX Runtime
-with ``quant.ort_options.computing_options``). Each timing also records what the report now
-records, ``others_busy_cores`` (``quant.host_load``): how many of the host's cores other work
-kept busy meanwhile.
+with ``quant.measure.ort_options.computing_options``). Each timing also records what the report now
+records, ``others_busy_cores`` (``quant.measure.host_load``): how many of the host's cores other
+work kept busy meanwhile.
 
 Files: the bundled ``vit-mnist-un`` converted for cpu (int8 ONNX) and imx93 (full-int8 TFLite),
 and a BERT-base-sized model (random weights, ``benchmarks.hf_scale``'s, 128 tokens) converted
@@ -47,7 +47,7 @@ def load_loop(model: str, inputs: str) -> None:
     import onnxruntime as ort
 
     from quant.data import Samples, feed_for
-    from quant.ort_options import computing_options
+    from quant.measure.ort_options import computing_options
 
     session = ort.InferenceSession(
         model, computing_options(optimize=False), providers=["CPUExecutionProvider"]
@@ -116,8 +116,8 @@ def _files(work: Path) -> list[dict[str, Any]]:
 
 
 def _time(entry: dict[str, Any], threads: int) -> tuple[float, float | None]:
-    from quant.latency import onnx_latency
-    from quant.litert import latency_tflite
+    from quant.measure.latency import onnx_latency
+    from quant.tflite.litert import latency_tflite
 
     with np.load(entry["inputs"]) as archive:
         sample = {key: archive[key][:1] for key in archive.files}

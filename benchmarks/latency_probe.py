@@ -3,16 +3,16 @@
     python -m benchmarks.latency_probe KIND MODEL INPUTS.npy
 
 KIND is ``torch`` (an edge_un checkpoint, eager fp32), ``ort`` (an ONNX file, ONNX Runtime CPU
-provider, the session options of ``quant.latency.onnx_latency``) or ``litert`` (a TFLite file,
-LiteRT with XNNPACK: ``quant.litert.sample_runner``, what ``quant.litert.latency_tflite``
-times). The parent sends one JSON command a line on stdin and reads one JSON reply a line on
-stdout:
+provider, the session options of ``quant.measure.latency.onnx_latency``) or ``litert`` (a TFLite
+file, LiteRT with XNNPACK: ``quant.tflite.litert.sample_runner``, what
+``quant.tflite.litert.latency_tflite`` times). The parent sends one JSON command a line on stdin and
+reads one JSON reply a line on stdout:
 
     {"threads": 1, "batch": 1, "budget_s": 0.5, "warmup": 3}  ->  {"samples_ms": [...], ...}
     {"rss": true}                                                ->  {"maxrss_mb": ...}
     {"xnnpack": true}       ->  {"xnnpack": {op type: [ops, ops XNNPACK took]}} (LiteRT; else {})
 
-A run warms up, then times ``quant.latency.time_calls`` for as many calls as fit the
+A run warms up, then times ``quant.measure.latency.time_calls`` for as many calls as fit the
 budget (``min_runs``, default 5, to 400); every single call's time is returned, so the parent
 pools them over rounds: wall time (``samples_ms``) and the calling thread's CPU time
 (``cpu_ms``: all of a 1-thread call's work, whatever else shares the cores).
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quant.latency import time_calls
+from quant.measure.latency import time_calls
 
 MIN_RUNS, MAX_RUNS = 5, 400
 
@@ -75,7 +75,7 @@ def ort_runner(path: str, inputs: np.ndarray) -> Callable[[int, int], Callable[[
 
     def make(threads: int, batch: int) -> Callable[[], object]:
         if threads not in sessions:
-            options = ort.SessionOptions()  # as quant.latency.onnx_latency
+            options = ort.SessionOptions()  # as quant.measure.latency.onnx_latency
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
             options.log_severity_level = 3
@@ -90,7 +90,7 @@ def ort_runner(path: str, inputs: np.ndarray) -> Callable[[int, int], Callable[[
 
 
 def litert_runner(path: str, inputs: np.ndarray) -> Callable[[int, int], Callable[[], object]]:
-    from quant.litert import sample_runner
+    from quant.tflite.litert import sample_runner
 
     runners: dict[int, Callable[[int], np.ndarray]] = {}
 
@@ -115,7 +115,7 @@ def delegated_ops(kind: str, path: str) -> dict[str, list[int]]:
     """A TFLite file's {op type: [ops, ops XNNPACK's delegate took]}; nothing for the others."""
     if kind != "litert":
         return {}
-    from quant.litert import xnnpack_ops
+    from quant.tflite.litert import xnnpack_ops
 
     return {op: list(counts) for op, counts in xnnpack_ops(path).items()}
 

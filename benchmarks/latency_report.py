@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from quant.summary import delegated_cell
+from quant.report.summary import delegated_cell
 
 STAGE_GROUPS = (  # (substring of the pipeline's stage name, group), first match wins
     ("import", "import"),
@@ -133,13 +133,13 @@ def write_report(result: dict[str, Any], results: Path, stem: str = "latency") -
         "of the batch-1 TFLite file (LiteRT), 1 and 2 threads; throughput = samples/s at the "
         "median. "
         "Peak RSS: the probe's own maximum resident set (imports included; the imports-only "
-        "figure is in the JSON) after the batch-1 runs. int8 ORT files: `quant.ort_int8` with the "
-        "`cpu` target's settings (QDQ, per-channel s8 weights, u8 activations, MinMax; Linears as "
-        "Gemm, Softmax and GELU fed in float: `ort_speed.md`), the same for LN and UN; int8 "
-        "TFLite: "
-        "`quant.tflite.convert_tflite` (onnx2tf + TF converter, full "
+        "figure is in the JSON) after the batch-1 runs. int8 ORT files: `quant.ort.quantize` "
+        "with the `cpu` target's settings (QDQ, per-channel s8 weights, u8 activations, MinMax; "
+        "Linears as Gemm, Softmax and GELU fed in float: `ort_speed.md`), the same for LN and UN; "
+        "int8 TFLite: "
+        "`quant.tflite.onnx2tf.convert_tflite` (onnx2tf + TF converter, full "
         "int8, int8 I/O, every int8 BATCH_MATMUL's right operand at zero point 0 so that "
-        "XNNPACK's delegate takes it: `quant.tflite_symmetric`), run by LiteRT with XNNPACK "
+        "XNNPACK's delegate takes it: `quant.tflite.symmetric`), run by LiteRT with XNNPACK "
         "(the ops its delegate took, read from the interpreter, in the table); LiteRT fp32 is "
         "onnx2tf's fp32 file. "
         "ViT-Tiny has random weights (timing only). With other jobs on the 2 cores, every "

@@ -5,7 +5,7 @@
 imx93's drift fallback is a 16x8 file (int8 weights, int16 activations), made by a TensorFlow
 conversion of its own once the pure int8 file missed the bars. LiteRT runs it on its builtin
 kernels (XNNPACK takes no int16 op), far slower than the int8 file: ViT-B/16's 16x8 drift pass
-is longer than a job's whole budget. ``quant.tflite_target`` therefore costs the 16x8 file before
+is longer than a job's whole budget. ``quant.tflite.target`` therefore costs the 16x8 file before
 converting it, from one sample of the float32 file the int8 conversion already made, on the same
 builtin kernels, times ``WIDE_PER_FLOAT_SAMPLE``: this benchmark measures the ratio that constant
 must stay under.
@@ -13,9 +13,9 @@ must stay under.
 For each model (the bundled image examples and a ViT-B/16-sized ``ViTForImageClassification``,
 random weights, ``benchmarks.hf_scale``): the pipeline's own fp32 export for imx93
 (``quant.prepare``), TensorFlow's int8 + float32 conversion and the 16x8 one
-(``quant.tflite``), each timed, then one batch-1 sample of each file, one thread, median of a few
-calls after a warm-up: int8 and float32 with XNNPACK, float32 on the builtin kernels, 16x8 as the
-pipeline runs it. Each model's files are timed side by side in one process. Writes
+(``quant.tflite.onnx2tf``), each timed, then one batch-1 sample of each file, one thread, median of
+a few calls after a warm-up: int8 and float32 with XNNPACK, float32 on the builtin kernels, 16x8 as
+the pipeline runs it. Each model's files are timed side by side in one process. Writes
 benchmarks/results/litert_16x8.json, .md and .png.
 """
 
@@ -40,11 +40,12 @@ from converters.progress import ignore_progress
 from edge_un import examples
 from quant.host import describe_host
 from quant.isolation import load_samples
-from quant.litert import sample_runner
+from quant.measure.bars import Bars
 from quant.prepare import prepare
-from quant.targets import PROFILES, Bars
-from quant.tflite import convert_int16x8, convert_tflite
-from quant.tflite_target import WIDE_PER_FLOAT_SAMPLE
+from quant.targets import PROFILES
+from quant.tflite.litert import sample_runner
+from quant.tflite.onnx2tf import convert_int16x8, convert_tflite
+from quant.tflite.target import WIDE_PER_FLOAT_SAMPLE
 
 NAME = "litert_16x8"
 CALLS = 5  # timed calls per file (3 for a file slower than SLOW_S a call)
@@ -158,7 +159,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += [
         "",
         f"The pipeline costs a 16x8 sample at {results['wide_per_float_sample']} x the float32 "
-        f"file's builtin sample (`quant.tflite_target.WIDE_PER_FLOAT_SAMPLE`); the lowest "
+        f"file's builtin sample (`quant.tflite.target.WIDE_PER_FLOAT_SAMPLE`); the lowest "
         f"ratio measured here is {low:.2f}, so the estimate stays under what the file takes. "
         "Against the int8 file the ratio grows with the model (XNNPACK's int8 kernels gain "
         "more on large matrices), which is why the int8 file's time is no estimate.",

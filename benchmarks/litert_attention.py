@@ -6,14 +6,14 @@ BATCH_MATMUL right operands are made symmetric (issue 32), against fp32; Vela cy
 
 Models: ViT-Tiny (``benchmarks.latency.TINY``: 224x224 RGB, dim 192, depth 12, 3 heads, random
 weights, seed 0) folded (UN) and its LayerNorm twin (LN), exported at opset 20 with batch 1 and
-converted by ``quant.tflite.convert_tflite`` with ``symmetric_matmul=False``: the converter's own
-int8 file ("asymmetric"). ``quant.tflite_symmetric`` makes the "symmetric" file from it, which
-is what ``convert_tflite`` ships by default (the imx93 and imx8mp files). For each file: the
-ops XNNPACK's delegate took, read from the interpreter (``quant.litert.xnnpack_ops``); batch-1
-latency on one thread, the two int8 files and the fp32 file of a model each in its own
+converted by ``quant.tflite.onnx2tf.convert_tflite`` with ``symmetric_matmul=False``: the
+converter's own int8 file ("asymmetric"). ``quant.tflite.symmetric`` makes the "symmetric" file from
+it, which is what ``convert_tflite`` ships by default (the imx93 and imx8mp files). For each file:
+the ops XNNPACK's delegate took, read from the interpreter (``quant.tflite.litert.xnnpack_ops``);
+batch-1 latency on one thread, the two int8 files and the fp32 file of a model each in its own
 interpreter, in interleaved rounds (every round runs each file in turn, the order rotating),
 medians over every timed invoke; the cosine of each int8 file's logits with the fp32 file's on
-32 random inputs; Vela's cycles per op type (imx93's Ethos-U65-256 config, ``quant.vela``).
+32 random inputs; Vela's cycles per op type (imx93's Ethos-U65-256 config, ``quant.tflite.vela``).
 Writes results/litert_attention.json, .md and .png.
 """
 
@@ -36,10 +36,10 @@ from benchmarks.latency import model_files
 from benchmarks.results_main import ROOT, benchmark_main, save_figure
 from converters.pipeline import export_folded, load_and_fold
 from quant.host import describe_host
-from quant.litert import run_tflite, sample_runner, xnnpack_ops
-from quant.tflite import convert_tflite
-from quant.tflite_symmetric import make_matmul_operands_symmetric
-from quant.vela import compile_vela
+from quant.tflite.litert import run_tflite, sample_runner, xnnpack_ops
+from quant.tflite.onnx2tf import convert_tflite
+from quant.tflite.symmetric import make_matmul_operands_symmetric
+from quant.tflite.vela import compile_vela
 
 NAME = "litert_attention"
 WORK = ROOT / "build" / "litert-attention"
@@ -181,7 +181,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{s['rounds']} interleaved rounds x {s['calls_per_round']} invokes per file. "
         "'asymmetric' is TensorFlow's converter's int8 file; 'symmetric' the same file with each "
         "BATCH_MATMUL right operand requantized to zero point 0 by the op that computes it "
-        "(`quant.tflite_symmetric`, what the imx93/imx8mp targets ship).",
+        "(`quant.tflite.symmetric`, what the imx93/imx8mp targets ship).",
         "",
         "| model | file | p50 ms | p90 ms | speed vs fp32 | BATCH_MATMUL on XNNPACK "
         "| ops XNNPACK left | cosine vs fp32 |",

@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.litert_kernels   # ~1 min; needs the TFLite converter venv
 
 Builds one-op TFLite files with ViT-Tiny's shapes (batch 1, 197 tokens, dim 192, 3 heads), full
-int8 and fp32, with TensorFlow's converter in the converter venv (``quant.toolenv``; the
+int8 and fp32, with TensorFlow's converter in the converter venv (``quant.tflite.toolenv``; the
 builder is ``benchmarks.litert_kernels_build``), then times each with LiteRT, one thread, with the
 default XNNPACK delegate and without it. A kernel XNNPACK does not take runs on TFLite's own
 kernels; multiplied by how often ViT-Tiny's int8 file holds that op, that is where its time
@@ -24,7 +24,7 @@ import numpy as np
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
 from benchmarks.results_main import RESULTS, ROOT
-from quant import toolenv
+from quant.tflite import toolenv
 
 BUILDER = "benchmarks.litert_kernels_build"  # a module of this package, run by the venv's python
 VIT_TINY_INT8 = ROOT / "build" / "latency-bench" / "vit-tiny-un" / "tflite" / "model_int8.tflite"

@@ -5,11 +5,12 @@ and where the time goes at 1 and 2 threads, batch 1 and 8.
     .venv/bin/python -m benchmarks.ort_speed --report-only  # Markdown and plot from the JSON
 
 Each step adds one change to the one before (``STEPS``; the last is the cpu target's profile,
-``quant.targets.PROFILES["cpu"]``); every step's file is made by ``quant.ort_int8.quantize_onnx``
-from the same fp32 ONNX and calibration samples. Models: ViT-Tiny UN and LN (random weights,
-the inputs of ``benchmarks.latency``: timing only) and the bundled trained examples, the Hugging
-Face ones included (timing, and drift on their held-out test split against the fp32 ONNX, in
-the file's exact arithmetic, on which the drift bars act, and on this host's int8 kernels).
+``quant.targets.PROFILES["cpu"]``); every step's file is made by
+``quant.ort.quantize.quantize_onnx`` from the same fp32 ONNX and calibration samples. Models:
+ViT-Tiny UN and LN (random weights, the inputs of ``benchmarks.latency``: timing only) and the
+bundled trained examples, the Hugging Face ones included (timing, and drift on their held-out test
+split against the fp32 ONNX, in the file's exact arithmetic, on which the drift bars act, and on
+this host's int8 kernels).
 
 Latency, batch 1, one thread: all steps of a model (and its fp32 file) in one process,
 round-robin for ``ROUNDS`` rounds so that machine drift hits all alike; median and p90 of every
@@ -49,12 +50,13 @@ from converters.attention_masks import bound_attention_masks
 from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
 from quant.data import CALIBRATION_SAMPLES, Feeds, Samples, as_feeds, checkpoint_samples
-from quant.drift import measure_drift, onnx_runner
-from quant.emulation import NON_VNNI_CPU, QEMU, qemu_available
 from quant.host import describe_host
-from quant.ort_int8 import quantize_onnx
+from quant.measure.bars import DEFAULT_BARS
+from quant.measure.drift import measure_drift, onnx_runner
+from quant.measure.emulation import NON_VNNI_CPU, QEMU, qemu_available
+from quant.ort.quantize import quantize_onnx
 from quant.prepare import input_specs
-from quant.targets import DEFAULT_BARS, PROFILES, TargetProfile
+from quant.targets import PROFILES, TargetProfile
 
 NAME = "ort_speed"
 TINY = ("vit-tiny-un", "vit-tiny-ln")

@@ -25,9 +25,9 @@ import numpy as np
 from scipy.stats import binomtest
 
 from benchmarks.tda4vm_streams import held_out_reference
-from quant.drift import onnx_runner
-from quant.litert import run_tflite
+from quant.measure.drift import onnx_runner
 from quant.report import REPORT_FILE, Report
+from quant.tflite.litert import run_tflite
 
 
 @dataclass(frozen=True)

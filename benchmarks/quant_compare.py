@@ -27,9 +27,9 @@ import matplotlib.pyplot as plt
 from benchmarks.results_main import RESULTS, save_figure
 from converters.progress import ProgressEvent
 from edge_un import examples
+from quant.measure.bars import DEFAULT_BARS
 from quant.pipeline import convert
 from quant.report import Report, TargetReport
-from quant.targets import DEFAULT_BARS
 
 PAIRS = (("vit-mnist-un", "vit-mnist-ln"), ("text-rt-un", "text-rt-ln"))
 # UN models migrated from the LN twins (edge-un migrate): listed in the table, not in the pairs.
@@ -93,7 +93,7 @@ def write_markdown(runs: dict[str, dict]) -> str:
         "# UN vs LayerNorm, through the same int8 pipeline",
         "",
         "Made by `python -m benchmarks.quant_compare`: `quant.convert` on each bundled example,",
-        f"all targets, default bars (drop <= {DEFAULT_BARS.max_drop_pts:g} pt, agreement >= "
+        f"all targets, default bars (drop <= {DEFAULT_BARS.max_drift:g} pt, agreement >= "
         f"{100 * DEFAULT_BARS.min_agreement:.0f} %). Drift on the held-out test",
         "split in each target's arithmetic (exact integer for ONNX targets, LiteRT for TFLite);",
         f"measured on {_hosts(runs)}; latency (one thread, batch 1, median of 100 runs;",

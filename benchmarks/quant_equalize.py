@@ -44,8 +44,8 @@ from benchmarks.results_main import RESULTS
 from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
 from quant.data import Samples, checkpoint_samples
-from quant.drift import measure_drift, onnx_runner, sqnr_db
-from quant.ort_int8 import quantize_onnx
+from quant.measure.drift import measure_drift, onnx_runner, sqnr_db
+from quant.ort.quantize import quantize_onnx
 from quant.targets import PROFILES
 
 OLD_VIT = Path(os.environ.get("EDGE_UN_OLD_VIT", "/tmp/vit-mnist-un.old.safetensors"))

@@ -30,11 +30,11 @@ from benchmarks.results_main import RESULTS
 from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
 from quant.data import checkpoint_samples
-from quant.drift import measure_drift, onnx_runner, tensor_sqnr
 from quant.host import describe_host
-from quant.ort_int8 import SamplesReader, quantize_onnx
-from quant.pow2_grid import align_streams
-from quant.pow2_record import recorded_choices
+from quant.measure.drift import measure_drift, onnx_runner, tensor_sqnr
+from quant.ort.pow2.grid import align_streams
+from quant.ort.pow2.record import recorded_choices
+from quant.ort.quantize import SamplesReader, quantize_onnx
 from quant.report import power_of_two_counts
 from quant.targets import PROFILES
 

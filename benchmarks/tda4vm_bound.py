@@ -37,9 +37,10 @@ from benchmarks.results_main import benchmark_main, git_commit, save_figure
 from benchmarks.tda4vm_streams import held_out_logits
 from edge_un import examples
 from quant.host import describe_host
+from quant.measure.bars import DEFAULT_MIN_AGREEMENT
 from quant.pipeline import convert
 from quant.report import Host
-from quant.targets import DEFAULT_MIN_AGREEMENT, PROFILES
+from quant.targets import PROFILES
 
 NAME = "tda4vm_bound"
 BUNDLED = ("vit-mnist-un", "hf-vit-mnist-un", "text-rt-un", "hf-bert-rt-un")

@@ -6,7 +6,7 @@
 Each bundled UN example is converted for tda4vm twice by the pipeline itself
 (``quant.convert``): with the target's profile as it ships (``stream_factors``: each residual
 stream scaled by the factor in [1, 2) whose power-of-two scales give the smallest int8 logits
-error on 256 calibration samples, ``quant.pow2_grid``) and with that step off, the rest of the
+error on 256 calibration samples, ``quant.ort.pow2.grid``) and with that step off, the rest of the
 recipe (s8 symmetric activations, power-of-two scales, its int8 ladder) the same. The
 figures are the report's (pure int8 agreement and top-1 drop in exact arithmetic on the held-out
 test split) and the logits' mean squared error against the fp32 file on that split, the quantity
@@ -32,10 +32,10 @@ from benchmarks.results_main import benchmark_main, save_figure
 from converters.pipeline import load_and_fold
 from edge_un import examples
 from quant.data import checkpoint_samples
-from quant.drift import onnx_runner
 from quant.host import describe_host
+from quant.measure.drift import onnx_runner
+from quant.ort.pow2.grid import SEARCH_SAMPLES
 from quant.pipeline import convert
-from quant.pow2_grid import SEARCH_SAMPLES
 from quant.prepare import input_specs
 from quant.report import Host
 from quant.targets import PROFILES
@@ -124,7 +124,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"Made by `python -m benchmarks.tda4vm_streams` on {host.label()}. Each model converted "
         "for tda4vm by the pipeline twice, with and without the residual-stream factors "
-        "(`quant.pow2_grid`), everything else the same. Agreement and drop: the pure int8 file "
+        "(`quant.ort.pow2.grid`), everything else the same. Agreement and drop: the pure int8 file "
         "in exact arithmetic on the held-out test split (the report's figures); `rung`: the int8 "
         "recipe shipped (1: biases corrected, 2: as calibrated); test logits' MSE: mean squared "
         "difference of the int8 and fp32 logits on the test split. The search's own figures "

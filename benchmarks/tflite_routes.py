@@ -116,7 +116,7 @@ def _tool_hwm(process: Any) -> int:
     those of a tool environment (litert-torch's steps; onnx2tf and TensorFlow's), in bytes."""
     import psutil
 
-    from quant import toolenv
+    from quant.tflite import toolenv
 
     envs = tuple(str(env.dir()) for env in toolenv.ENVS.values())
     largest = 0
@@ -130,7 +130,7 @@ def _tool_hwm(process: Any) -> int:
 
 
 def _target_row(target: Any, input_dtype: str) -> dict[str, Any]:
-    from quant.summary import precision_cell
+    from quant.report.summary import precision_cell
 
     drift, vela, route = target.drift, target.vela, target.tflite_route
     one = next(
@@ -156,7 +156,7 @@ def _target_row(target: Any, input_dtype: str) -> dict[str, Any]:
 
 def _other_target(target: Any) -> dict[str, Any]:
     """Another target's status and the shipped file's drift (the build's time is imx93's)."""
-    from quant.summary import precision_cell
+    from quant.report.summary import precision_cell
 
     drift = target.drift
     return {"status": target.status, "error": target.error,

@@ -34,7 +34,7 @@ rm -rf "$site"/ai_edge_litert/libLiteRtWebGpuAccelerator.so "$site"/ai_edge_lite
     "$site"/ai_edge_litert/tools/apply_plugin_main
 
 # The TFLite environment's bytecode: pip compiled all of it (96 MB); edge-un's tool scripts run
-# there with PYTHONDONTWRITEBYTECODE (quant.tool_sandbox), so what is not in the image is compiled in
+# there with PYTHONDONTWRITEBYTECODE (quant.tflite.tool_sandbox), so what is not in the image is compiled in
 # memory at every conversion. Kept: what `import tensorflow`, its TFLite converter and
 # calibrator import (compiled by importing them: 53 MB) plus all of onnx2tf and onnxsim, whose op
 # modules load per model. The rest (TF's Keras, XLA, distribute... paths) goes. Measured on

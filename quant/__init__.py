@@ -8,25 +8,25 @@
 from typing import TYPE_CHECKING, Any
 
 from .errors import DataFileError, QuantError, RuleViolation, UnknownTargetError
-from .targets import PROFILES, TARGET_NAMES, TargetProfile
+from .targets.profiles import PROFILES, TARGET_NAMES, TargetProfile
 
 if TYPE_CHECKING:
     from .pipeline import convert
-    from .report import SCHEMA_VERSION, Report
+    from .report.schema import SCHEMA_VERSION, Report
 
 
 def __getattr__(name: str) -> Any:
     # The pipeline pulls in ONNX Runtime, LiteRT and torch, the report pydantic: each imported
-    # on first use, so that ``python -m quant.toolenv`` (the install step), ``edge-un targets``
-    # and the command line's start (its options' defaults are quant.targets') stay light.
+    # on first use, so that ``python -m quant.tflite.toolenv`` (the install step), ``edge-un
+    # targets`` and the command line's start (its options' defaults are quant.targets') stay light.
     if name == "convert":
         from .pipeline import convert
 
         return convert
     if name in ("Report", "SCHEMA_VERSION"):
-        from . import report
+        from .report import schema
 
-        return getattr(report, name)
+        return getattr(schema, name)
     raise AttributeError(f"module 'quant' has no attribute {name!r}")
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from . import toolenv
 from .errors import QuantError
-from .targets import PROFILES, TargetProfile, parse_targets
+from .targets.profiles import PROFILES, TargetProfile, parse_targets
+from .tflite import toolenv
 
 
 class TargetUnavailableError(QuantError):
@@ -24,7 +24,7 @@ def unavailable(profile: TargetProfile) -> str | None:
         return "needs ONNX Runtime: pip install 'edge-un[export]'"
     if "tflite" in profile.artifacts:
         # either converter builds the target: litert-torch a torch source, onnx2tf any source
-        # (quant.tflite_routes); a source the installed one cannot take fails at its build
+        # (quant.tflite.routes); a source the installed one cannot take fails at its build
         reasons = []
         for env in (toolenv.LITERT_TORCH, toolenv.ONNX2TF):
             try:

@@ -68,10 +68,10 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 
 
 def _tool_errors() -> tuple[type[BaseException], ...]:
-    # quant.toolenv also runs as a script, on the standard library alone (the Docker image's
+    # quant.tflite.toolenv also runs as a script, on the standard library alone (the Docker image's
     # first layer builds the onnx2tf environment before the code is copied): its errors cannot
     # derive from ToolError, and are looked up only if it is loaded.
-    toolenv = sys.modules.get("quant.toolenv")
+    toolenv = sys.modules.get("quant.tflite.toolenv")
     loaded = (toolenv.ToolEnvError, toolenv.ToolEnvMissingError) if toolenv is not None else ()
     return (ToolError, *loaded)
 

@@ -15,8 +15,8 @@ import os
 import platform
 from pathlib import Path
 
-from . import report as schema
-from . import toolenv
+from .report import schema
+from .tflite import toolenv
 
 # The features that select ONNX Runtime's / LiteRT's int8 kernels, as Linux names them.
 X86_INT8_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")

@@ -32,16 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from converters.progress import ProgressEvent
 
 from . import errors
-from . import report as schema
 from .data import Samples
 from .deadline import Deadline
 from .errors import ToolError
-from .target_job import StageCallback, TargetJob
-from .targets import Bars, TargetProfile
+from .report import schema
+from .targets.builder import StageCallback, TargetJob, TargetSettings
+from .targets.profiles import TargetProfile
 
-# The builder of each kind of target, as "module:function" (imported in the child).
-ONNX_BUILDER = "quant.onnx_target:build_onnx_target"
-TFLITE_BUILDER = "quant.tflite_target:build_tflite_target"
 ORDER_NAME = "order.json"
 LOG_NAME = "build.log"
 PR_SET_PDEATHSIG = 1
@@ -59,24 +56,16 @@ class _Message(BaseModel):
 
 
 class BuildOrder(_Message):
-    """A :class:`TargetJob` as the child reads it: the samples and the fp32 reference as the
-    files it memory-maps, the builder by name, the deadline as a moment; the stage callback is
-    the pipe."""
+    """A :class:`TargetJob` as the child reads it: its settings as they are, the samples and
+    the fp32 reference as the files it memory-maps, the deadline as a moment; the stage
+    callback is the pipe."""
 
-    builder: str  # "module:function"
-    profile: TargetProfile
-    bars: Bars
-    fp32_path: Path
-    target_dir: Path
-    out_dir: Path
+    builder: str  # "module:function": the profile's Builder (a test may name another)
+    settings: TargetSettings
     calibration: Path  # a directory written by save_samples
     evaluation: Path
     reference: Path  # an .npy file
-    latency_runs: int
-    shared_dir: Path
     deadline: float | None = None  # time.time() by which the build must be done (quant.deadline)
-    program: Path | None = None  # the folded torch program (Prepared.program)
-    no_program: str | None = None
 
 
 class SampleFiles(_Message):
@@ -106,7 +95,7 @@ MESSAGES: TypeAdapter[Message] = TypeAdapter(Message)
 
 
 def builder_for(profile: TargetProfile) -> str:
-    return ONNX_BUILDER if "onnx_qdq" in profile.artifacts else TFLITE_BUILDER
+    return profile.builder.value
 
 
 # -- the pipeline's side ------------------------------------------------------------------------
@@ -142,12 +131,12 @@ def build_in_child(order: BuildOrder, job_dir: Path, stage: StageCallback) -> sc
         return outcome.result
     if isinstance(outcome, BuildFailed):
         raise TargetFailed(outcome.reason)
-    kept = order.target_dir / LOG_NAME
+    kept = order.settings.target_dir / LOG_NAME
     kept.write_bytes(log.read_bytes())
     how = f"killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
     raise TargetFailed(
-        f"the {order.profile.name} build crashed in native code ({how}) during "
-        f"'{last_stage}'; its output is in {kept.relative_to(order.out_dir).as_posix()}"
+        f"the {order.settings.profile.name} build crashed in native code ({how}) during "
+        f"'{last_stage}'; its output is in {kept.relative_to(order.settings.out_dir).as_posix()}"
     )
 
 
@@ -211,23 +200,15 @@ def main(job_dir: str, fd: str) -> int:
     order = BuildOrder.model_validate_json((Path(job_dir) / ORDER_NAME).read_text())
     with _channel(int(fd)) as send:
         try:
-            job = TargetJob(
-                profile=order.profile,
-                fp32_path=order.fp32_path,
-                target_dir=order.target_dir,
-                out_dir=order.out_dir,
+            job = TargetJob.given(
+                order.settings,
                 calibration=load_samples(order.calibration),
                 evaluation=load_samples(order.evaluation),
                 reference=np.load(order.reference),
-                bars=order.bars,
                 stage=lambda name, fraction, detail=None: send(
                     StageReached(event=ProgressEvent(name, fraction, detail=detail))
                 ),
-                latency_runs=order.latency_runs,
-                shared_dir=order.shared_dir,
                 deadline=Deadline(order.deadline),
-                program=order.program,
-                no_program=order.no_program,
             )
             result = _import(order.builder)(job)
         except Exception as error:  # the pipeline reports it as this target's one-line reason

@@ -17,8 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from . import report as schema
-from .targets import Bars, TargetProfile
+from .measure.bars import Bars
+from .report import schema
+from .targets.profiles import TargetProfile
 
 PREPARED_FILE = "prepared.json"
 PARTS_DIR = "targets"

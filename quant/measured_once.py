@@ -1,7 +1,7 @@
 """A measurement a job's targets share: the same file measured the same way, once per job.
 
 Why: imx93 and imx8mp ship the same pure int8 TFLite file whenever imx93 needs no 16x8
-fallback (both take one conversion, ``quant.tflite_target``), and both measure it in LiteRT on
+fallback (both take one conversion, ``quant.tflite.target``), and both measure it in LiteRT on
 this host: its drift, its per-tensor SQNR and its latency, ~37 s of BERT-base's imx8mp build
 (benchmarks/results/hf_scale.md), the same figures twice. The first target to ask measures and
 leaves the result in the job's shared directory, keyed by what was measured (the file's sha256

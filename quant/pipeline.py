@@ -30,16 +30,18 @@ import edge_un
 from converters.progress import Progress, ProgressEvent, ignore_progress
 from converters.source import ModelSource
 
-from . import report as schema
 from .errors import Blame, blame, reason
 from .host import describe_host
-from .isolation import TFLITE_BUILDER, BuildOrder, build_in_child, builder_for, load_samples
+from .isolation import BuildOrder, build_in_child, builder_for, load_samples
 from .job_files import Prepared, TargetPart, export_key, host_notes, load_part, save_part
+from .measure.bars import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, Bars
 from .prepare import prepare
 from .quiet_latency import retime_contended
-from .records import artifact_record
-from .summary import summary_markdown
-from .targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, Bars, TargetProfile
+from .report import schema
+from .report.records import artifact_record
+from .report.summary import summary_markdown
+from .targets.builder import TargetSettings
+from .targets.profiles import Builder, TargetProfile
 
 # The conversion's progress: what comes before the targets' builds, and where they end.
 TARGETS_FROM, TARGETS_TO = 0.05, 0.95
@@ -117,7 +119,7 @@ def _in_sequence(say: Progress, index: int, count: int) -> Progress:
 def _build_at_once(prepared: Prepared, say: Progress, deadline: float | None, workers: int) -> None:
     """Build the targets ``workers`` at a time (threads that each wait on a build's process),
     the conversion's progress the sum of theirs. A TFLite target that takes an earlier one's
-    conversion of the same file (``quant.tflite_target``) would only wait for it, so such
+    conversion of the same file (``quant.tflite.target``) would only wait for it, so such
     targets start last."""
     fractions = dict.fromkeys(prepared.targets, 0.0)
     lock = threading.Lock()  # one event at a time reaches the caller's callback
@@ -148,9 +150,8 @@ def build_order(profiles: Sequence[TargetProfile]) -> list[str]:
     followers: list[str] = []
     converted: set[tuple[str, str]] = set()
     for profile in profiles:
-        builder = builder_for(profile)
-        key = (builder, export_key(profile.opset, profile.static_batch))
-        if builder == TFLITE_BUILDER and key in converted:
+        key = (profile.builder, export_key(profile.opset, profile.static_batch))
+        if profile.builder is Builder.LITERT and key in converted:
             followers.append(profile.name)
         else:
             leaders.append(profile)
@@ -167,7 +168,7 @@ def build_rank(profile: TargetProfile) -> int:
     ended the job 142 s after the last other target; longest first, cpu ended it, at the same
     8.9 min: on 2 cores both are busy throughout, and the order only tells where there are
     cores to spare (fewer workers than cores, more targets than workers)."""
-    if builder_for(profile) == TFLITE_BUILDER:
+    if profile.builder is Builder.LITERT:
         return 2
     return 1 if profile.power_of_two_scales else 0
 
@@ -192,13 +193,16 @@ def build_target(
     if isinstance(export, str):  # its fp32 export failed
         report = target_report(profile, schema.TargetResult(), error=export)
     else:
+        settings = TargetSettings(
+            profile=profile, bars=prepared.bars, fp32_path=export.path, target_dir=target_dir,
+            out_dir=prepared.out_dir, latency_runs=prepared.latency_runs,
+            shared_dir=prepared.work_dir / "shared", program=prepared.program,
+            no_program=prepared.no_program,
+        )  # fmt: skip
         order = BuildOrder(
-            builder=builder_for(profile), profile=profile, bars=prepared.bars,
-            fp32_path=export.path, target_dir=target_dir, out_dir=prepared.out_dir,
+            builder=builder_for(profile), settings=settings, deadline=deadline,
             calibration=prepared.calibration_dir, evaluation=prepared.evaluation_dir,
-            reference=prepared.fp32_outputs, latency_runs=prepared.latency_runs,
-            shared_dir=prepared.work_dir / "shared", deadline=deadline,
-            program=prepared.program, no_program=prepared.no_program,
+            reference=prepared.fp32_outputs,
         )  # fmt: skip
         try:
             result = build_in_child(order, prepared.work_dir / "builds" / name, stage)
@@ -259,7 +263,7 @@ def assemble(
         model=prepared.model,
         fold=prepared.fold,
         reference=prepared.reference,
-        max_drift_pts=prepared.bars.max_drop_pts,
+        max_drift_pts=prepared.bars.max_drift,
         min_agreement=prepared.bars.min_agreement,
         targets=reports,
         notes=prepared.notes + host_notes(hosts),

@@ -32,7 +32,6 @@ from converters.pipeline import FoldedSource, export_folded, load_and_fold
 from converters.progress import Progress, ProgressEvent
 from converters.source import ModelSource
 
-from . import report as schema
 from .data import (
     CALIBRATION_SAMPLES,
     MIN_CALIBRATION_SAMPLES,
@@ -43,15 +42,17 @@ from .data import (
     load_npz,
     sample_shapes,
 )
-from .drift import onnx_runner
 from .errors import DataFileError, QuantError, one_line
-from .graph_walk import static_batch
 from .isolation import save_samples
 from .job_files import FP32_OUTPUTS_FILE, ExportedModel, Prepared, export_key
+from .measure.bars import Bars
+from .measure.drift import onnx_runner
+from .measure.graph_walk import static_batch
 from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
+from .report import schema
 from .sources import program_module_paths
-from .targets import Bars, TargetProfile, resolve_targets
-from .tflite_direct import module_paths_file
+from .targets.profiles import TargetProfile, resolve_targets
+from .tflite.direct import module_paths_file
 
 # The opset and batch of the export that gives the fp32 reference when no target's could.
 REFERENCE_EXPORT = (18, False)
@@ -75,8 +76,8 @@ def prepare(
     """Everything before the targets' builds (``quant.pipeline.convert`` says what each
     argument means); the record is also saved in ``work_dir``."""
     profiles = _profiles(targets)
-    if bars.max_drop_pts < 0:
-        raise QuantError(f"max_drift must be >= 0 points, got {bars.max_drop_pts}")
+    if bars.max_drift < 0:
+        raise QuantError(f"max_drift must be >= 0 points, got {bars.max_drift}")
     if recalibrate_batches < 0:
         raise QuantError(f"recalibrate_batches must be >= 0, got {recalibrate_batches}")
     say(ProgressEvent("load", 0.01))
@@ -242,7 +243,7 @@ def tflite_program(
     folded: FoldedSource, profiles: tuple[TargetProfile, ...], work_dir: Path
 ) -> tuple[Path | None, str | None]:
     """The folded program at batch 1 as a .pt2 for the TFLite targets' direct route
-    (quant.tflite_direct), or None and why not (those targets then take the onnx2tf route)."""
+    (quant.tflite.direct), or None and why not (those targets then take the onnx2tf route)."""
     if not any("tflite" in profile.artifacts for profile in profiles):
         return None, None
     if folded.is_onnx:

@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from . import report as schema
 from .data import Feeds
-from .latency import TIME_BUDGET_S, WARMUP, Timing, onnx_latency
-from .records import latency_record
+from .measure.latency import TIME_BUDGET_S, WARMUP, Timing, onnx_latency
+from .report import schema
+from .report.records import latency_record
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def estimated_s(timing: schema.Latency) -> float:
 def time_again(path: Path, timing: schema.Latency, sample: Feeds, runs: int) -> Timing:
     """``path`` timed as its first figure was: same runtime, threads and runs."""
     if timing.runtime == "litert":
-        from .litert import latency_tflite  # LiteRT only where a TFLite file needs it
+        from .tflite.litert import latency_tflite  # LiteRT only where a TFLite file needs it
 
         return latency_tflite(path, sample, timing.threads, runs=runs)
     return onnx_latency(path, sample, timing.threads, runs)

@@ -17,9 +17,9 @@ import edge_un
 from converters import fold_norms
 from converters.pipeline import FoldedSource
 
-from . import report as schema
 from .data import Samples, checkpoint_samples
 from .errors import QuantError
+from .report import schema
 
 RECALIBRATION_BATCH = 32  # edge_un.recalibrate's default batch size
 

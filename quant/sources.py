@@ -7,7 +7,7 @@ file the targets start from says which: torch's dynamo exporter records each nod
 in its ``metadata_props`` (``pkg.torch.onnx.name_scopes`` and ``class_hierarchy``, or the older
 ``namespace`` string); the legacy exporter encodes the same path in node names
 (``/blocks.3/attn/Softmax``). A TFLite tensor is mapped back to its ONNX tensor through
-onnx2tf's tensor map (``quant.litert.onnx_names``), then to that tensor's module.
+onnx2tf's tensor map (``quant.tflite.litert.onnx_names``), then to that tensor's module.
 
 Some tensors have no record: nodes the ONNX optimizer made (a qkv ``Split``), quantization's
 Q/DQ nodes, the layout TRANSPOSEs and SPLITs onnx2tf inserted. Each of those takes the module

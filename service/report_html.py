@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from quant.report import REPORT_FILE, Host, Report, TargetReport
-from quant.summary import (
+from quant.report.summary import (
     LATENCY_HEADERS,
     WORST_LAYER_HEADERS,
     drift_rows,

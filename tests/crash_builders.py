@@ -9,8 +9,8 @@ import os
 import numpy as np
 
 from quant.report import TargetResult
-from quant.target_job import TargetJob
-from quant.tool_sandbox import TfliteConversionError
+from quant.targets.builder import TargetJob
+from quant.tflite.tool_sandbox import TfliteConversionError
 
 
 def abort_in_drift(job: TargetJob) -> TargetResult:

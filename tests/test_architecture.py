@@ -169,6 +169,31 @@ def test_no_two_folders_of_a_package_import_each_other(layer: str) -> None:
     assert [" -> ".join(way) for way in cycles(graph)] == []
 
 
+# quant's folders and the others each may import (its top-level modules, the orchestration,
+# may import any): a measurement never needs a builder, and neither builder the other's runtime.
+QUANT_SEAMS = {
+    "quant.measure": set(),
+    "quant.targets": {"quant.measure"},
+    "quant.report": {"quant.measure", "quant.targets"},
+    "quant.ort": {"quant.measure", "quant.targets", "quant.report"},
+    "quant.tflite": {"quant.measure", "quant.targets", "quant.report"},
+}
+
+
+def test_quant_folders_import_only_across_their_seams() -> None:
+    """quant.ort and quant.tflite never import each other; quant.measure imports no other
+    folder (no builder, no report); the report and the profiles no builder."""
+    graph = folder_imports(modules("quant"))
+    folders = {dotted(p.parent) for p in modules("quant") if p.name == "__init__.py"}
+    assert {f for f in folders if f.count(".") == 1} == set(QUANT_SEAMS)  # every folder has a rule
+    wrong = {
+        folder: sorted(graph.get(folder, set()) - allowed)
+        for folder, allowed in QUANT_SEAMS.items()
+    }
+    assert {folder: found for folder, found in wrong.items() if found} == {}
+    assert graph["quant.ort"] and graph["quant.tflite"]  # it read their imports
+
+
 def test_no_two_modules_import_each_other() -> None:
     """Modules depend on each other one way, in the product and in its users (benchmarks,
     testbed): none imports a module that imports it back, directly or round a cycle. A

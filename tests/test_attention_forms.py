@@ -21,11 +21,12 @@ import pytest
 import torch
 
 from converters import export_onnx, fold_norms
-from quant.drift import Drift
-from quant.fallback_ladder import ships_before
-from quant.ort_graph import linear_as_gemm
-from quant.residual_streams import find_streams, scale_stream
-from quant.targets import PROFILES, Bars
+from quant.measure.bars import Bars
+from quant.measure.drift import Drift
+from quant.ort.graph import linear_as_gemm
+from quant.ort.pow2.residual_streams import find_streams, scale_stream
+from quant.targets import PROFILES
+from quant.targets.fallback_ladder import ships_before
 from testbed.attention_forms import FORMS, MASK_FORMS, convert_in_form, with_attention_form
 from testbed.unrounded import cpu_rewrites_gap, relative_gap
 

@@ -121,13 +121,13 @@ def test_targets_says_which_targets_this_installation_can_build(tmp_path: Path) 
         # both converters named, each with where it was looked for and the command that makes it
         for tool in ("litert-torch, ai-edge-quantizer", "onnx2tf, TensorFlow"):
             assert f"converter ({tool}) environment is missing at {tmp_path}" in reason
-        assert "python -m quant.toolenv litert-torch" in reason and "edge-un:onnx" in reason
+        assert "python -m quant.tflite.toolenv litert-torch" in reason and "edge-un:onnx" in reason
     assert all(line == line.rstrip() for line in lines)
 
 
 def test_targets_with_the_litert_torch_env_alone_can_build_every_target(tmp_path: Path) -> None:
     """The default install (no onnx2tf, no TensorFlow) builds all four targets."""
-    from quant import toolenv
+    from quant.tflite import toolenv
 
     if not toolenv.LITERT_TORCH.is_ready():
         pytest.skip("this installation has no PyTorch -> LiteRT converter environment")
@@ -172,7 +172,7 @@ def test_the_service_defaults_to_the_targets_this_installation_can_build(
 ) -> None:
     """An upload's targets are chosen the way `convert` chooses them: the default leaves out
     what the installation cannot build, a named one it cannot build is a 422 before any work."""
-    from quant import toolenv
+    from quant.tflite import toolenv
     from service.errors import UploadRejected
     from service.server import intake
     from service.server.http_status import status_of

@@ -14,10 +14,10 @@ import pytest
 
 import edge_un
 from converters.source import ModelSource
-from quant import toolenv
 from quant.errors import Blame, blame, one_line, reason
 from quant.targets import get_profile
-from quant.vela import compile_vela
+from quant.tflite import toolenv
+from quant.tflite.vela import compile_vela
 from service.settings import Settings
 from service.worker.steps import failure
 
@@ -100,7 +100,7 @@ def test_the_command_line_shows_a_bug_as_unexpected_not_as_the_users_mistake(
 
 
 def test_toolenv_still_runs_as_a_script_on_the_standard_library_alone() -> None:
-    """The Docker image's first layer runs quant/toolenv.py by itself (no package, no
+    """The Docker image's first layer runs quant/tflite/toolenv.py by itself (no package, no
     site-packages): it may import nothing of quant, errors included."""
     script = Path(toolenv.__file__)
     result = subprocess.run(

@@ -1,5 +1,5 @@
-"""quant.exact: a QDQ model with its constants computed once computes what the model as written
-computes, bit for bit, without a DequantizeLinear of a weight left to run per sample."""
+"""quant.measure.exact: a QDQ model with its constants computed once computes what the model as
+written computes, bit for bit, without a DequantizeLinear of a weight left to run per sample."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import quant.exact as exact
-from quant.drift import onnx_runner
+import quant.measure.exact as exact
+from quant.measure.drift import onnx_runner
 
 RNG = np.random.default_rng(0)
 HIDDEN = 768  # a BERT-base Linear: long enough sums that the GEMM kernel's order shows

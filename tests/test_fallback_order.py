@@ -14,17 +14,18 @@ from onnx import TensorProto, helper
 
 from converters import export_onnx, fold_norms
 from edge_un.models import VisionTransformer
-from quant.drift import Drift, TensorError
-from quant.fallback_ladder import (
+from quant.measure.bars import Bars
+from quant.measure.drift import Drift, TensorError
+from quant.ort.graph import product_operands
+from quant.ort.quantize import quantize_onnx
+from quant.pipeline import convert
+from quant.targets import PROFILES
+from quant.targets.fallback_ladder import (
     SLOW_INT16_PENALTY_DB,
     fallback_order,
     fallback_sizes,
     out_of_reach,
 )
-from quant.ort_graph import product_operands
-from quant.ort_int8 import quantize_onnx
-from quant.pipeline import convert
-from quant.targets import PROFILES, Bars
 
 
 def test_all_activations_are_measured_second_then_the_doubling_between() -> None:
@@ -45,7 +46,7 @@ def test_a_file_of_all_activations_in_int16_out_of_reach_only_by_more_than_a_few
     vit_b16 = _drift(0.92, 0.0, 100)
     assert vit_b16.disagreements == 8 and vit_b16.samples_short(Bars()) == 7
     assert out_of_reach(vit_b16, Bars())
-    bundled, tight = _drift(0.999, 0.1, 1000), Bars(max_drop_pts=0.0, min_agreement=0.998)
+    bundled, tight = _drift(0.999, 0.1, 1000), Bars(max_drift=0.0, min_agreement=0.998)
     assert bundled.samples_short(tight) == 1 and not out_of_reach(bundled, tight)
     assert _drift(0.995, 0.3, 1000).samples_short(Bars()) == 0  # within the bars
     assert _drift(0.97, 1.0, 100).samples_short(Bars()) == 2  # the larger of the two

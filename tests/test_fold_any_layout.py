@@ -157,7 +157,7 @@ def test_a_conversion_with_nothing_folded_says_so_in_its_summary_and_report(
     """Through the pipeline: the summary's norms line and report.md carry the fold's warning
     (before: "0 offline norms", exit 0, nothing else)."""
     from quant.pipeline import convert
-    from quant.summary import norms_line
+    from quant.report.summary import norms_line
     from quant.targets import PROFILES
 
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
-"""quant.graph_walk: a graph run piece by piece computes what the whole graph computes with the
-constants as they are when each piece runs (bias correction's one walk instead of one pass per
+"""quant.measure.graph_walk: a graph run piece by piece computes what the whole graph computes with
+the constants as they are when each piece runs (bias correction's one walk instead of one pass per
 bias)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from quant.data import Samples
-from quant.exact import constant_tensors
-from quant.graph_walk import GraphWalk
+from quant.measure.exact import constant_tensors
+from quant.measure.graph_walk import GraphWalk
 
 RNG = np.random.default_rng(0)
 

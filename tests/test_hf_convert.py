@@ -26,11 +26,11 @@ import torch
 import edge_un
 from edge_un import examples
 from quant.data import InputSpec, checkpoint_samples
-from quant.litert import xnnpack_ops
 from quant.pipeline import convert
 from quant.report import Report
 from quant.targets import TARGET_NAMES
-from quant.tflite_flatbuffer import check_full_integer, inspect_tflite
+from quant.tflite.flatbuffer import check_full_integer, inspect_tflite
+from quant.tflite.litert import xnnpack_ops
 
 CALIBRATION = 128
 EVALUATION = {"vit": 1000, "bert": 500}  # the ViT's whole test split: its bar is 10 images

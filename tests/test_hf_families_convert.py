@@ -34,7 +34,7 @@ from converters.pipeline import FoldedSource, export_folded, load_and_fold
 from quant.data import sample_shapes
 from quant.errors import one_line
 from quant.pipeline import convert
-from quant.summary import summary_markdown
+from quant.report.summary import summary_markdown
 from quant.targets import PROFILES
 from testbed import hf_families
 

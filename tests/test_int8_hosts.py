@@ -20,13 +20,14 @@ import pytest
 from converters.pipeline import export_folded, load_and_fold
 from edge_un import examples
 from quant.data import checkpoint_samples
-from quant.drift import Drift, measure_drift, onnx_runner
-from quant.emulation import qemu_available, run_onnx_emulated
 from quant.host import describe_host, int8_kernels
-from quant.onnx_target import kernel_warnings
-from quant.ort_int8 import quantize_onnx
+from quant.measure.bars import DEFAULT_MIN_AGREEMENT
+from quant.measure.drift import Drift, measure_drift, onnx_runner
+from quant.measure.emulation import qemu_available, run_onnx_emulated
+from quant.ort.quantize import quantize_onnx
+from quant.ort.target import kernel_warnings
 from quant.report import Host
-from quant.targets import DEFAULT_MIN_AGREEMENT, PROFILES
+from quant.targets import PROFILES
 
 from .servers import missing
 

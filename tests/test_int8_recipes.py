@@ -19,18 +19,20 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.calibrate import load_tensors_data
 
 from edge_un import examples
-from quant.bias_correction import bias_sites, channel_means
 from quant.data import Samples
-from quant.drift import Drift, measure_drift, onnx_runner
 from quant.errors import RuleViolation
-from quant.onnx_search import RecipeTrial, kept_recipe
-from quant.onnx_target import build_onnx_target
-from quant.ort_attention import calibrated_absmax, signed_operand_sources
-from quant.ort_int8 import SavedTensors, prepare_for_quantization, prepare_once, quantize_onnx
+from quant.measure.bars import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, Bars
+from quant.measure.drift import Drift, measure_drift, onnx_runner
+from quant.measure.saved_tensors import SavedTensors
+from quant.ort.attention import calibrated_absmax, signed_operand_sources
+from quant.ort.bias_correction import bias_sites, channel_means
+from quant.ort.quantize import prepare_for_quantization, prepare_once, quantize_onnx
+from quant.ort.search import RecipeTrial, kept_recipe
+from quant.ort.target import build_onnx_target
 from quant.pipeline import convert
-from quant.rules import check_onnx_artifact
-from quant.target_job import Bars, TargetJob
-from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, PROFILES, TargetProfile
+from quant.targets import PROFILES, TargetProfile
+from quant.targets.builder import TargetJob
+from quant.targets.rules import check_onnx_artifact
 
 CPU, TDA4VM = PROFILES["cpu"], PROFILES["tda4vm"]
 # tda4vm as it was before its biases were always corrected: a pure int8 target whose ladder

@@ -14,7 +14,6 @@ from pydantic import ValidationError
 import quant.pipeline
 from converters.progress import ProgressEvent
 from edge_un import examples
-from quant.drift import Drift
 from quant.isolation import (
     MESSAGES,
     BuildFailed,
@@ -23,11 +22,14 @@ from quant.isolation import (
     StageReached,
     builder_for,
 )
+from quant.measure.bars import DEFAULT_BARS, Bars
+from quant.measure.drift import Drift
 from quant.pipeline import convert
-from quant.records import drift_record, finite
 from quant.report import LayerError, Report, TargetResult
-from quant.targets import DEFAULT_BARS, PROFILES, Bars, parse_targets
-from quant.verdict import verdicts
+from quant.report.records import drift_record, finite
+from quant.report.verdict import verdicts
+from quant.targets import PROFILES, parse_targets
+from quant.targets.builder import TargetSettings
 from service.report_html import escape
 from service.server.web.pages import verdict_table
 
@@ -125,18 +127,21 @@ def test_when_every_target_fails_the_cli_shows_each_targets_own_reason(
 @pytest.mark.parametrize("name", list(PROFILES))
 def test_a_build_order_crosses_to_the_child_whole(name: str, tmp_path: Path) -> None:
     """Every profile (its tuples, frozensets and literals) and the bars come back equal."""
+    settings = TargetSettings(
+        profile=PROFILES[name], bars=Bars(0.25, 0.98), fp32_path=tmp_path / "m.onnx",
+        target_dir=tmp_path / name, out_dir=tmp_path, latency_runs=3, shared_dir=tmp_path / "s",
+    )  # fmt: skip
     order = BuildOrder(
-        builder=builder_for(PROFILES[name]), profile=PROFILES[name], bars=Bars(0.25, 0.98),
-        fp32_path=tmp_path / "m.onnx", target_dir=tmp_path / name, out_dir=tmp_path,
-        calibration=tmp_path / "c", evaluation=tmp_path / "e", reference=tmp_path / "r.npy",
-        latency_runs=3, shared_dir=tmp_path / "s",
+        builder=builder_for(PROFILES[name]), settings=settings, calibration=tmp_path / "c",
+        evaluation=tmp_path / "e", reference=tmp_path / "r.npy",
     )  # fmt: skip
     back = BuildOrder.model_validate_json(order.model_dump_json())
-    assert back == order and back.profile == PROFILES[name]
-    assert isinstance(back.profile.float_inputs, frozenset)
-    assert isinstance(back.profile.artifacts, tuple)
+    assert back == order and back.settings.profile == PROFILES[name]
+    assert isinstance(back.settings.profile.float_inputs, frozenset)
+    assert isinstance(back.settings.profile.artifacts, tuple)
+    assert back.settings.profile.builder is PROFILES[name].builder
     document = order.model_dump(mode="json")
-    document["profile"]["int8_ladder"] = ["nope"]
+    document["settings"]["profile"]["int8_ladder"] = ["nope"]
     with pytest.raises(ValidationError, match="unknown int8 recipes"):  # the profile's own check
         BuildOrder.model_validate(document)
 

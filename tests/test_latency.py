@@ -1,6 +1,6 @@
-"""quant.latency.time_calls: a large model's timed runs stop at the time budget, never before
-MIN_RUNS; a small model's run all of them; each timing says how busy other work kept the host's
-cores meanwhile (``quant.host_load``), with real processes spinning beside it."""
+"""quant.measure.latency.time_calls: a large model's timed runs stop at the time budget, never
+before MIN_RUNS; a small model's run all of them; each timing says how busy other work kept the
+host's cores meanwhile (``quant.measure.host_load``), with real processes spinning beside it."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from quant import ort_options
-from quant.host_load import MIN_WINDOW_S, CoresLeft
-from quant.latency import MIN_RUNS, time_calls
+from quant.measure import ort_options
+from quant.measure.host_load import MIN_WINDOW_S, CoresLeft
+from quant.measure.latency import MIN_RUNS, time_calls
 from quant.report import CONTENDED_CORES
 
 

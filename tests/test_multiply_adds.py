@@ -1,4 +1,4 @@
-"""quant.multiply_adds: one sample's multiply-adds, counted from the graph's shapes."""
+"""quant.ort.multiply_adds: one sample's multiply-adds, counted from the graph's shapes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from quant.multiply_adds import multiply_adds_per_sample
+from quant.ort.multiply_adds import multiply_adds_per_sample
 
 TOKENS, FEATURES, HIDDEN, CLASSES = 10, 16, 32, 5
 

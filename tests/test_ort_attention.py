@@ -1,4 +1,4 @@
-"""The cpu file's attention rewrites (quant.ort_attention, quant.ort_graph.fold_constant_factors)
+"""The cpu file's attention rewrites (quant.ort.attention, quant.ort.graph.fold_constant_factors)
 on the bundled trained UN ViT and on small graphs: which kernel ONNX Runtime runs each product
 on, what the file computes (exactly, on this host's kernels, at batch 8), and the 7-bit bound
 on its s8 activations that keeps x86 cores without VNNI from saturating."""
@@ -15,13 +15,14 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quant.drift import measure_drift, onnx_runner
 from quant.errors import RuleViolation
-from quant.ort_attention import SIGNED_OPERAND_MAX, signed_right_operands
-from quant.ort_graph import fold_constant_factors, shapes_of_quantized
-from quant.ort_int8 import quantize_onnx
-from quant.rules import check_onnx_artifact
-from quant.targets import DEFAULT_MIN_AGREEMENT, PROFILES
+from quant.measure.bars import DEFAULT_MIN_AGREEMENT
+from quant.measure.drift import measure_drift, onnx_runner
+from quant.ort.attention import SIGNED_OPERAND_MAX, signed_right_operands
+from quant.ort.graph import fold_constant_factors, shapes_of_quantized
+from quant.ort.quantize import quantize_onnx
+from quant.targets import PROFILES
+from quant.targets.rules import check_onnx_artifact
 
 CPU = PROFILES["cpu"]
 # the cpu profile before these rewrites (issue 9's recipe)

@@ -1,4 +1,4 @@
-"""The ONNX Runtime speed rewrites (quant.ort_graph) on the bundled trained UN ViT: the fp32
+"""The ONNX Runtime speed rewrites (quant.ort.graph) on the bundled trained UN ViT: the fp32
 rewrite computes the same function, the QDQ rewrite leaves every matrix product integer and
 makes ORT pick the kernels it is meant to, and the cpu target's file stays within its bars."""
 
@@ -13,10 +13,11 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from quant.drift import measure_drift, onnx_runner
-from quant.ort_graph import float_inputs, linear_as_gemm
-from quant.ort_int8 import quantize_onnx
-from quant.targets import DEFAULT_MIN_AGREEMENT, PROFILES
+from quant.measure.bars import DEFAULT_MIN_AGREEMENT
+from quant.measure.drift import measure_drift, onnx_runner
+from quant.ort.graph import float_inputs, linear_as_gemm
+from quant.ort.quantize import quantize_onnx
+from quant.targets import PROFILES
 
 CPU = PROFILES["cpu"]
 

@@ -17,9 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from converters.attention_masks import MASK_PENALTY
 from quant.data import Samples, as_feeds
-from quant.ort_int8 import prepare_for_quantization, quantize_onnx
-from quant.pow2_record import recorded_choices, scale_choices
-from quant.pow2_scales import (
+from quant.ort.pow2.record import recorded_choices, scale_choices
+from quant.ort.pow2.scales import (
     SOFTMAX_FLOOR,
     best_power_of_two,
     fp32_constants,
@@ -29,6 +28,7 @@ from quant.pow2_scales import (
     softmax_visible_error,
     squared_error,
 )
+from quant.ort.quantize import prepare_for_quantization, quantize_onnx
 from quant.targets import PROFILES, TargetProfile
 
 INT8 = np.dtype(np.int8)
@@ -121,7 +121,7 @@ def _attention_probabilities(path: Path) -> tuple[Path, np.ndarray]:
 def test_a_softmax_output_keeps_its_largest_probabilities(tmp_path: Path) -> None:
     """Its own squared error alone would clip the peaked row's 0.9 to an eighth of the range
     for finer steps everywhere else; a Softmax output weighs only the two powers of two
-    around its MinMax scale (quant.pow2_scales.BOUNDED_OPS)."""
+    around its MinMax scale (quant.ort.pow2.scales.BOUNDED_OPS)."""
     fp32, scores = _attention_probabilities(tmp_path / "attention.onnx")
     calibration = Samples(as_feeds(scores), None, "t")
     tda4vm = PROFILES["tda4vm"]

@@ -10,11 +10,11 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from quant.drift import measure_drift, onnx_runner, tensor_sqnr
 from quant.errors import RuleViolation
-from quant.ort_int8 import quantize_onnx
-from quant.rules import check_onnx_artifact, is_power_of_two
+from quant.measure.drift import measure_drift, onnx_runner, tensor_sqnr
+from quant.ort.quantize import quantize_onnx
 from quant.targets import PROFILES
+from quant.targets.rules import check_onnx_artifact, is_power_of_two
 
 
 def quantized(vit: dict, target: str, name: str, int16: tuple[str, ...] = ()) -> Path:

@@ -27,11 +27,11 @@ import pytest
 import edge_un
 from edge_un import data as edge_data
 from edge_un import examples
-from quant.latency import thread_counts
-from quant.litert import xnnpack_ops
+from quant.measure.latency import thread_counts
 from quant.report import SCHEMA_FILE, Report, json_schema_text
 from quant.targets import TARGET_NAMES, parse_targets
-from quant.tflite_flatbuffer import check_full_integer, inspect_tflite
+from quant.tflite.flatbuffer import check_full_integer, inspect_tflite
+from quant.tflite.litert import xnnpack_ops
 
 from . import norm_statistics
 
@@ -179,7 +179,7 @@ def test_the_web_pages_verdicts_are_the_reports_figures(report: Report) -> None:
     imx93 alone."""
     from html.parser import HTMLParser
 
-    from quant.verdict import verdicts
+    from quant.report.verdict import verdicts
     from service.server.web.pages import verdict_table
 
     class Cells(HTMLParser):
@@ -331,14 +331,14 @@ def test_imx93_widens_the_fewest_ops_within_ethos_u_rules_and_imx8mp_none(
     tmp_path: Path,
 ) -> None:
     """At a 100 % agreement bar both TFLite targets' pure int8 files miss. imx93 then widens
-    the most sensitive ops to int16 activations, a few more each step (quant.tflite_mixed), never
+    the most sensitive ops to int16 activations, a few more each step (quant.tflite.mixed), never
     a BATCH_MATMUL or GELU (Ethos-U65 runs those from int8 inputs only), and last makes the 16x8
     file; the file closest to the bars ships and keeps int8 I/O unless it is the 16x8 one.
     imx8mp (its VX delegate runs no int16 tensor on the NPU) makes none."""
     from converters.progress import ProgressEvent
     from quant.pipeline import convert
-    from quant.tflite_flatbuffer import inspect_tflite
-    from quant.tflite_mixed import int16_inputs_of
+    from quant.tflite.flatbuffer import inspect_tflite
+    from quant.tflite.mixed import int16_inputs_of
 
     events: list[ProgressEvent] = []
     out = tmp_path / "out"
@@ -431,7 +431,7 @@ def test_an_onnx_model_from_elsewhere_converts_with_user_data(
     assert failed.status == "failed" and failed.drift is None and failed.artifacts == []
     assert failed.error == (
         "the ONNX -> TFLite converter (onnx2tf, TensorFlow) environment is missing at "
-        f"{missing}: run `python -m quant.toolenv onnx2tf`"
+        f"{missing}: run `python -m quant.tflite.toolenv onnx2tf`"
     )
     assert f"- FAILED: {failed.error}" in (tmp_path / "out" / "report.md").read_text()
     for name, opset in (("cpu", 21), ("tda4vm", 17)):

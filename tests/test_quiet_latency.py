@@ -23,7 +23,7 @@ from edge_un import examples
 from quant.data import Feeds, checkpoint_samples
 from quant.quiet_latency import retime_contended
 from quant.report import Report
-from quant.summary import summary_markdown
+from quant.report.summary import summary_markdown
 from service.cli.summary import print_summary
 from service.report_html import render_report_html
 
@@ -140,9 +140,9 @@ def test_assembling_the_report_times_again_a_figure_its_build_timed_on_a_busy_ho
     writes what it returns; not when the part was built on another kind of machine."""
     from converters.progress import ProgressEvent, ignore_progress
     from quant.job_files import load_part, save_part
+    from quant.measure.bars import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, Bars
     from quant.pipeline import assemble, build_target
     from quant.prepare import prepare
-    from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, Bars
 
     out = tmp_path / "out"
     prepared = prepare(

@@ -193,7 +193,7 @@ def test_worst_layers_name_the_models_modules(browser, page_server, report: Repo
                    if lay.op.lower() == "softmax"] for t in ("cpu", "imx93")}  # fmt: skip
     assert all(m.startswith("blocks.") and m.endswith(".attn.softmax")
                for ms in softmax.values() for m in ms), softmax  # fmt: skip
-    from quant.summary import summary_markdown
+    from quant.report.summary import summary_markdown
 
     markdown = summary_markdown(report)  # report.md
     assert all(f"{layer.module} `{layer.name}`" in markdown for t in report.targets.values()

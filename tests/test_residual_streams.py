@@ -1,5 +1,5 @@
-"""Residual streams (quant.residual_streams) and their factors on the power-of-two grid
-(quant.pow2_grid): which tensors scale together, that scaling them leaves the fp32 model's
+"""Residual streams (quant.ort.pow2.residual_streams) and their factors on the power-of-two grid
+(quant.ort.pow2.grid): which tensors scale together, that scaling them leaves the fp32 model's
 outputs as they were, what is refused, and that the search lowers the int8 logits' error of a
 real model on data it never saw.
 """
@@ -16,16 +16,17 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edge_un import examples
-from quant import pow2_grid
 from quant.data import CALIBRATION_SAMPLES, Samples, checkpoint_samples
 from quant.deadline import Deadline
-from quant.drift import onnx_runner
-from quant.ort_int8 import SavedTensors, quantize_onnx
+from quant.measure.drift import onnx_runner
+from quant.measure.saved_tensors import SavedTensors
+from quant.ort.pow2 import grid as pow2_grid
+from quant.ort.pow2.grid import FACTORS, align_streams, significantly_lower
+from quant.ort.pow2.residual_streams import find_streams, scale_stream
+from quant.ort.quantize import quantize_onnx
 from quant.pipeline import convert
-from quant.pow2_grid import FACTORS, align_streams, significantly_lower
-from quant.residual_streams import find_streams, scale_stream
-from quant.rules import check_onnx_artifact
 from quant.targets import PROFILES
+from quant.targets.rules import check_onnx_artifact
 
 WIDTH, HIDDEN, CLASSES = 8, 16, 3
 TDA4VM = PROFILES["tda4vm"]

@@ -183,7 +183,7 @@ def test_the_target_builders_load_no_torch() -> None:
     in every target's builder process, which must not pay for torch: a fresh interpreter that
     imports both builders has loaded neither torch nor onnx_ir."""
     code = (
-        "import sys, quant.onnx_target, quant.tflite_target\n"
+        "import sys, quant.ort.target, quant.tflite.target\n"
         "print(sorted({'torch', 'onnx_ir'} & set(sys.modules)))\n"
     )
     result = subprocess.run(

@@ -21,12 +21,13 @@ from onnxruntime.quantization.qdq_loss_debug import (
     modify_model_output_intermediate_tensors,
 )
 
-from quant import drift, ort_int8
-from quant.bias_correction import channel_means, fp32_tensors, mean_sites
 from quant.data import Samples, as_feeds
-from quant.drift import sqnr_of_sums, square_sums, tensor_sqnr
-from quant.ort_int8 import SamplesReader, quantize_onnx
-from quant.pow2_scales import best_power_of_two, squared_error
+from quant.measure import drift, saved_tensors
+from quant.measure.drift import sqnr_of_sums, square_sums, tensor_sqnr
+from quant.ort import quantize
+from quant.ort.bias_correction import channel_means, fp32_tensors, mean_sites
+from quant.ort.pow2.scales import best_power_of_two, squared_error
+from quant.ort.quantize import SamplesReader, quantize_onnx
 from quant.targets import PROFILES
 
 FEATURES = 1024
@@ -81,7 +82,7 @@ def _sqnr(reference: np.ndarray, actual: np.ndarray) -> float:
 def mlp(tmp_path_factory: pytest.TempPathFactory) -> dict:
     directory = tmp_path_factory.mktemp("stream")
     inputs = _inputs()
-    assert ort_int8.STREAM_BATCH < SAMPLES
+    assert saved_tensors.STREAM_BATCH < SAMPLES
     return {"dir": directory, "fp32": _model(directory / "fp32.onnx"), "inputs": inputs}
 
 
@@ -99,7 +100,7 @@ def test_tensor_sqnr_streamed_equals_all_samples_at_once(
     )
     used = SAMPLES
     if large:  # the budget holds 6 samples of s and y (1,032 values each)
-        used = ort_int8.STREAM_BATCH + 2
+        used = saved_tensors.STREAM_BATCH + 2
         monkeypatch.setattr(drift, "SQNR_VALUES", used * (FEATURES + 8))
         monkeypatch.setattr(drift, "MIN_SQNR_SAMPLES", 1)
     streamed = {
@@ -112,7 +113,7 @@ def test_tensor_sqnr_streamed_equals_all_samples_at_once(
     assert len(streamed) >= 2 and set(streamed) <= {"h", "s", "y"}  # op outputs, not input x
     for name, error in streamed.items():
         match = {key: np.concatenate(values) for key, values in matching[name].items()}
-        # a batch's sums are float32 (quant.drift.square_sums): ~1e-6 relative, 1e-5 dB
+        # a batch's sums are float32 (quant.measure.drift.square_sums): ~1e-6 relative, 1e-5 dB
         assert error.sqnr_db == pytest.approx(_sqnr(match["float"], match["post_qdq"]), abs=1e-4)
         assert error.own_sqnr_db == pytest.approx(
             _sqnr(match["pre_qdq"], match["post_qdq"]), abs=1e-4
@@ -148,16 +149,16 @@ def test_power_of_two_choice_sums_the_errors_of_every_batch(mlp: dict) -> None:
     assert {"x", "s"} <= set(checked)
     # the data needs the sum: the first batch alone, or the last, would choose the other one
     x = mlp["inputs"]
-    for part in (x[: ort_int8.STREAM_BATCH], x[-(SAMPLES % ort_int8.STREAM_BATCH) :]):
+    for part in (x[: saved_tensors.STREAM_BATCH], x[-(SAMPLES % saved_tensors.STREAM_BATCH) :]):
         assert best(part, checked["x"]) == 2 * float(chosen["x_scale"])
 
 
 @pytest.mark.parametrize("shape", [(), (3,), (2, 64, 48)])
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_squared_error_in_float32_is_the_float64_sum(shape: tuple, per_channel: bool) -> None:
-    """An activation's candidate errors are computed in float32 (quant.pow2_scales.squared_error):
-    the same sums as in float64 to float32's rounding of the last subtraction, per channel too,
-    and for a tensor of one value."""
+    """An activation's candidate errors are computed in float32
+    (quant.ort.pow2.scales.squared_error): the same sums as in float64 to float32's rounding of the
+    last subtraction, per channel too, and for a tensor of one value."""
     rng = np.random.default_rng(1)
     real = (3 * rng.standard_normal(shape)).astype(np.float32)
     channels = shape[-1] if per_channel and shape else 1
@@ -209,7 +210,7 @@ def test_square_sums_hold_float32_min_fills() -> None:
 def test_the_power_of_two_pass_hands_bias_correction_the_means_it_would_take(
     tmp_path: Path,
 ) -> None:
-    """tda4vm's one fp32 pass (``ort_int8.calibration_pass``) chooses the power-of-two scales on
+    """tda4vm's one fp32 pass (``quantize.calibration_pass``) chooses the power-of-two scales on
     the first samples and takes bias correction's fp32 channel means on all of them: the same
     means, bit for bit, as bias correction's own pass (``channel_means``), past the 32 samples
     the choice reads, at tda4vm's batch of 1."""
@@ -243,12 +244,12 @@ def test_the_power_of_two_pass_hands_bias_correction_the_means_it_would_take(
         PROFILES["tda4vm"], power_of_two_scales=False, bias_correction=False
     )
     quantized = onnx.load(str(quantize_onnx(fp32_path, tmp_path / "q.onnx", minmax, calibration)))
-    prepared_path = ort_int8.prepare_for_quantization(fp32_path, minmax, tmp_path)
+    prepared_path = quantize.prepare_for_quantization(fp32_path, minmax, tmp_path)
     prepared = onnx.load(str(prepared_path))
 
     sites = mean_sites(quantized, fp32_tensors(prepared))
     assert len(sites) == 2  # both Linears, fused into Gemm by ORT's pre-processing
-    _, handed = ort_int8.calibration_pass(
+    _, handed = quantize.calibration_pass(
         quantized, prepared, prepared_path, calibration, tmp_path, sites, 2, {}
     )
     own = channel_means(prepared, {name: axis for name, (axis, _) in sites.items()}, calibration)

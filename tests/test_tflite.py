@@ -22,11 +22,15 @@ import torch
 
 from converters import export_onnx, fold_norms
 from edge_un.models import TextTransformer, VisionTransformer
-from quant import tflite, toolenv
 from quant.data import Samples
 from quant.deadline import NO_DEADLINE, STOPPED, Deadline
-from quant.drift import onnx_runner
-from quant.litert import (
+from quant.measure.bars import Bars
+from quant.measure.drift import onnx_runner
+from quant.targets import PROFILES
+from quant.targets.builder import TargetJob
+from quant.tflite import onnx2tf, toolenv
+from quant.tflite.flatbuffer import NotFullIntegerError, check_full_integer, inspect_tflite
+from quant.tflite.litert import (
     aligned_tensors,
     latency_tflite,
     onnx_names,
@@ -34,13 +38,10 @@ from quant.litert import (
     tensor_sqnr_tflite,
     tensor_values,
 )
-from quant.target_job import Bars, TargetJob
-from quant.targets import PROFILES
-from quant.tflite import TfliteArtifacts, convert_int16x8, convert_tflite
-from quant.tflite_flatbuffer import NotFullIntegerError, check_full_integer, inspect_tflite
-from quant.tflite_target import wide_drift, wide_fits
-from quant.tool_sandbox import TfliteConversionError
-from quant.vela import compile_vela
+from quant.tflite.onnx2tf import TfliteArtifacts, convert_int16x8, convert_tflite
+from quant.tflite.target import wide_drift, wide_fits
+from quant.tflite.tool_sandbox import TfliteConversionError
+from quant.tflite.vela import compile_vela
 
 from .deadlines import StartsButCannotRun
 from .servers import missing
@@ -157,7 +158,7 @@ def test_the_float32_file_is_the_float_model_the_int8_conversion_quantized(
     subprocess.run(
         [
             str(toolenv.ONNX2TF.python(toolenv.ONNX2TF.require())),
-            str(tflite.TF_CONVERT_SCRIPT),
+            str(onnx2tf.TF_CONVERT_SCRIPT),
             str(artifacts.saved_model),
             str(artifacts.calibration),
             f"float32={alone}",
@@ -378,7 +379,7 @@ def test_missing_tool_env_is_one_clear_line(
         convert_tflite(onnx_path, calib, tmp_path / "out")
     assert str(missing.value) == (
         "the ONNX -> TFLite converter (onnx2tf, TensorFlow) environment is missing at "
-        f"{tmp_path / 'nowhere'}: run `python -m quant.toolenv onnx2tf`"
+        f"{tmp_path / 'nowhere'}: run `python -m quant.tflite.toolenv onnx2tf`"
     )
 
 

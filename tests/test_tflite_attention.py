@@ -2,7 +2,7 @@
 
 XNNPACK's delegate (LiteRT >= 2.1.3) refuses an int8 BATCH_MATMUL whose right operand has a
 zero point other than 0, and TensorFlow's converter gives K and V asymmetric zero points: every
-attention product fell to TFLite's reference kernel. ``quant.tflite_symmetric`` requantizes
+attention product fell to TFLite's reference kernel. ``quant.tflite.symmetric`` requantizes
 each right operand where it is computed. One conversion of the bundled trained UN ViT (the
 imx93/imx8mp export, ~25 s) gives the converter's file and the symmetric one; the bundled HF
 BERT's files are checked where tests/test_hf_convert.py converts it.
@@ -13,12 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from quant.drift import measure_drift, onnx_runner
-from quant.litert import run_tflite, xnnpack_ops
-from quant.targets import DEFAULT_BARS
-from quant.tflite import convert_tflite
-from quant.tflite_flatbuffer import check_full_integer, inspect_tflite
-from quant.tflite_symmetric import make_matmul_operands_symmetric
+from quant.measure.bars import DEFAULT_BARS
+from quant.measure.drift import measure_drift, onnx_runner
+from quant.tflite.flatbuffer import check_full_integer, inspect_tflite
+from quant.tflite.litert import run_tflite, xnnpack_ops
+from quant.tflite.onnx2tf import convert_tflite
+from quant.tflite.symmetric import make_matmul_operands_symmetric
 
 MATMULS = 8  # the bundled ViT: 4 blocks, Q.K^T and P.V in each
 

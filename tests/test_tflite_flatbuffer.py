@@ -11,7 +11,7 @@ from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter
 from ai_edge_litert.tools import flatbuffer_utils
 
-from quant.tflite_flatbuffer import read_model, write_model
+from quant.tflite.flatbuffer import read_model, write_model
 
 CONSTANT = np.arange(1, 9, dtype=np.float32)  # what the file adds to its input
 

@@ -14,11 +14,11 @@ import pytest
 from edge_un import examples
 from quant.data import Samples
 from quant.report import SUMMARY_FILE
-from quant.tflite_depthwise import depthwise_as_conv
-from quant.tflite_direct import convert_direct
-from quant.tflite_flatbuffer import check_full_integer, inspect_tflite
-from quant.tflite_routes import keep_logs
-from quant.tool_sandbox import TfliteConversionError
+from quant.tflite.depthwise import depthwise_as_conv
+from quant.tflite.direct import convert_direct
+from quant.tflite.flatbuffer import check_full_integer, inspect_tflite
+from quant.tflite.routes import keep_logs
+from quant.tflite.tool_sandbox import TfliteConversionError
 
 
 def test_a_torch_source_takes_the_direct_route_full_int8_and_all_on_the_npu(
@@ -104,10 +104,10 @@ def test_a_failed_conversion_names_its_log_and_the_log_is_where_it_says(tmp_path
 def test_a_one_channel_depthwise_conv_becomes_the_same_conv(tmp_path: Path) -> None:
     """litert-torch writes the bundled ViT's patch embedding (one input channel, 4x4, stride 4)
     as DEPTHWISE_CONV_2D; written back as CONV_2D the float file computes the same logits."""
-    from quant.litert import run_tflite
     from quant.prepare import tflite_program
     from quant.targets import parse_targets
-    from quant.tflite_direct import convert_float
+    from quant.tflite.direct import convert_float
+    from quant.tflite.litert import run_tflite
 
     program, why = tflite_program(_folded(), parse_targets("imx93"), tmp_path)
     assert program is not None, why
@@ -132,8 +132,8 @@ def test_every_candidate_op_in_int16_keeps_ethos_u_int8_inputs_and_int8_io(
     subset of the file's ops; no BATCH_MATMUL or GELU reads an int16 tensor, I/O stays int8."""
     from quant.prepare import tflite_program
     from quant.targets import PROFILES, parse_targets
-    from quant.tflite_direct import requantize
-    from quant.tflite_mixed import candidates, int16_inputs_of
+    from quant.tflite.direct import requantize
+    from quant.tflite.mixed import candidates, int16_inputs_of
 
     program, why = tflite_program(_folded(), parse_targets("imx93"), tmp_path)
     assert program is not None, why
@@ -153,7 +153,7 @@ def test_every_candidate_op_in_int16_keeps_ethos_u_int8_inputs_and_int8_io(
 
 def test_text_models_take_the_direct_route_with_an_int8_embedding_table(tmp_path: Path) -> None:
     """The bundled text model and the HF BERT: their embedding lookups read int8 tables (the
-    quantizer leaves them float; quant.tflite_embedding puts them on the grid they are read
+    quantizer leaves them float; quant.tflite.embedding puts them on the grid they are read
     at), their boolean attention masks become bounded additive ones (quant.prepare, before the
     ONNX export decomposes them): full int8, within the bars, on the direct route."""
     from quant.pipeline import convert
@@ -249,7 +249,7 @@ def test_an_integer_argmax_becomes_a_top1_and_a_float_one_stays(tmp_path: Path) 
     from ai_edge_litert.interpreter import Interpreter
 
     from converters.fx_integer_argmax import integer_argmax_as_top1
-    from quant.tflite_direct import convert_float
+    from quant.tflite.direct import convert_float
 
     class LastToken(torch.nn.Module):
         def forward(self, ids: torch.Tensor, scores: torch.Tensor) -> tuple:

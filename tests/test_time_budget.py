@@ -14,14 +14,15 @@ import onnx
 import pytest
 
 from edge_un import examples
-from quant.bias_correction import correct_biases
 from quant.deadline import NO_DEADLINE, STOPPED, Deadline, SearchStopped, watching
-from quant.drift import measure_drift, onnx_runner
-from quant.onnx_target import build_onnx_target
-from quant.ort_int8 import prepare_once, quantize_onnx
+from quant.measure.bars import Bars
+from quant.measure.drift import measure_drift, onnx_runner
+from quant.ort.bias_correction import correct_biases
+from quant.ort.quantize import prepare_once, quantize_onnx
+from quant.ort.target import build_onnx_target
 from quant.pipeline import convert
-from quant.target_job import Bars, TargetJob
 from quant.targets import PROFILES, TargetProfile
+from quant.targets.builder import TargetJob
 
 from .deadlines import StartsButCannotRun
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from quant.targets import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT
+from quant.measure.bars import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT
 
 from . import output
 from .app import command, exit_code

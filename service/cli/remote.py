@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from converters.progress import ProgressEvent
-from quant.targets import DEFAULT_MAX_DRIFT
+from quant.measure.bars import DEFAULT_MAX_DRIFT
 from service.job_states import ACTIVE, ENDED
 
 from . import output

@@ -24,8 +24,8 @@ def _pct(value: float | None) -> str:
 
 
 def print_summary(console: Console, report: Report, headline: bool = True) -> None:
-    """The model line, the drift table and the latency table (quant.summary's rows)."""
-    from quant.summary import (
+    """The model line, the drift table and the latency table (quant.report.summary's rows)."""
+    from quant.report.summary import (
         LATENCY_HEADERS,
         drift_rows,
         host_kernel_lines,
@@ -67,7 +67,7 @@ def print_summary(console: Console, report: Report, headline: bool = True) -> No
 
 def print_details(console: Console, report: Report) -> None:
     """What ``report`` adds to the summary: the model, the data, each artifact, the failures."""
-    from quant.summary import norms_line, route_line
+    from quant.report.summary import norms_line, route_line
 
     model, reference = report.model, report.reference
     about = output.table("", "", title=f"{model.name} (edge-un {report.edge_un_version})")
@@ -109,7 +109,7 @@ def print_details(console: Console, report: Report) -> None:
 def _print_layers(console: Console, report: Report) -> None:
     """Per target: the worst layers, named by the module of the user's model beside the
     artifact's tensor, and the ops its accelerator leaves to the CPU, with their modules."""
-    from quant.summary import WORST_LAYER_HEADERS, fallback_op_lines, worst_layer_rows
+    from quant.report.summary import WORST_LAYER_HEADERS, fallback_op_lines, worst_layer_rows
 
     for target in report.targets.values():
         rows = worst_layer_rows(target)

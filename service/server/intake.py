@@ -86,7 +86,7 @@ def parse_targets(text: str | None) -> tuple[TargetProfile, ...]:
 
 
 def parse_max_drift(text: str | None) -> float:
-    from quant.targets import DEFAULT_MAX_DRIFT
+    from quant.measure.bars import DEFAULT_MAX_DRIFT
 
     if text is None or not text.strip():
         return DEFAULT_MAX_DRIFT

@@ -14,7 +14,7 @@ import functools
 from pathlib import Path
 
 from quant.report import REPORT_FILE, Report
-from quant.verdict import Verdict, verdicts
+from quant.report.verdict import Verdict, verdicts
 
 from .. import jobs
 from ..db import Job, session_scope

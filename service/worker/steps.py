@@ -179,8 +179,8 @@ def prepare_step(settings: Settings, claim: Claim) -> int:
     work = store.work_dir(claim.job_id, claim.attempt)
     progress = _job_progress(settings, claim)
     try:
+        from quant.measure.bars import DEFAULT_MIN_AGREEMENT, Bars
         from quant.prepare import prepare
-        from quant.targets import DEFAULT_MIN_AGREEMENT, Bars
 
         inputs = _conversion_inputs(settings, store, job)
         prepared = prepare(

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse
 
-from quant.targets import DEFAULT_MAX_DRIFT
+from quant.measure.bars import DEFAULT_MAX_DRIFT
 
 from ...schemas import ArtifactOut, JobOut, JobPage
 from .. import downloads, intake, job_actions
@@ -146,7 +146,7 @@ def cancel_conversion(
     response_description="the report.json the conversion wrote",
 )
 def get_report(job_id: JobId, services: ServicesDep, principal: PrincipalDep) -> FileResponse:
-    """The conversion's report.json (schema: quant/report.schema.json)."""
+    """The conversion's report.json (schema: quant/report/report.schema.json)."""
     path = job_actions.report_path(services, principal.token_id, job_id)
     return FileResponse(path, media_type="application/json")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from urllib.parse import quote
 
-from quant.targets import DEFAULT_MAX_DRIFT
-from quant.verdict import Verdict
+from quant.measure.bars import DEFAULT_MAX_DRIFT
+from quant.report.verdict import Verdict
 
 from ...job_states import ACTIVE
 from ...report_html import CSP, CSS
