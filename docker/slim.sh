@@ -7,7 +7,7 @@
 # conversions of the bundled ViT, text and Hugging Face BERT examples for imx93 and imx8mp
 # (onnx2tf, its onnxsim subprocess, TensorFlow's converter, LiteRT, Vela) opened no file in
 # any directory removed below; the image is then verified by converting again
-# (benchmarks/docker_image.py). docs/service/docker.md lists the sizes.
+# (benchmarks/service/docker_image.py). docs/service/docker.md lists the sizes.
 set -eu
 kind=$1 venv=$2
 site=$(echo "$venv"/lib/python3.*/site-packages)

@@ -8,7 +8,7 @@ Linear, or three Linears cut from it) so that a trained model rewritten in any f
 same logits (to float rounding): a rewrite that changes the function is then visible as drift
 on real data (``convert_in_form``), and a property of the rewritten float graph on any data.
 For the tests
-(tests/test_attention_forms.py) and the benchmark (benchmarks/attention_forms.py).
+(tests/test_attention_forms.py) and the benchmark (benchmarks/conversion/attention_forms.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A burst of uploads: N clients, each with its own token, upload one conversion at the same
 moment and wait for it. The slow test (tests/test_service_load.py) asserts that nothing was lost
-or duplicated; ``benchmarks.service_load --burst N`` records how long the burst took."""
+or duplicated; ``benchmarks.service.service_load --burst N`` records how long the burst took."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Faults at chosen moments of a Celery-mode job's run, for the tests and
-``benchmarks.fault_recovery``: a worker whose process group is killed while it holds a step
+``benchmarks.service.fault_recovery``: a worker whose process group is killed while it holds a step
 of the run in one of its windows (:data:`WINDOWS`).
 
 A window is reached by a test-only hook, never part of the service: Python imports

@@ -2,7 +2,7 @@
 trained-looking norm statistics, data shaped as a user's, and the model exported the three ways
 users export it (a ``save_pretrained`` directory, a ``torch.export`` program, a dynamo ONNX
 file). For the tests (tests/test_hf_families_convert.py) and the benchmark
-(benchmarks/hf_families.py).
+(benchmarks/conversion/hf_families.py).
 
 Random weights: each model's labels are its own fp32 predictions on the evaluation data, so
 top-1 agreement of int8 with fp32 on random inputs from a fixed seed is what is measured.

@@ -8,7 +8,7 @@ is the identity where its scales agree and a factor where one was folded in; the
 dequantized as they are. Two files that differ only by rewrites must then give the same outputs,
 to float rounding, on any input inside the calibrated ranges (a rewrite may clip to those, the
 s8 operands do). For the tests (tests/test_attention_forms.py) and the benchmark
-(benchmarks/attention_forms.py).
+(benchmarks/conversion/attention_forms.py).
 """
 
 from __future__ import annotations

@@ -194,6 +194,18 @@ def test_quant_folders_import_only_across_their_seams() -> None:
     assert graph["quant.ort"] and graph["quant.tflite"]  # it read their imports
 
 
+def test_no_standing_benchmark_imports_a_study() -> None:
+    """benchmarks/: the standing groups may import each other (one way) and ``common``;
+    ``studies`` may import any of them; nothing imports a study, and ``common`` no group."""
+    graph = folder_imports(modules("benchmarks"))
+    assert graph["benchmarks.studies"]  # it read the studies' imports
+    importing_studies = sorted(
+        f for f, imported in graph.items() if "benchmarks.studies" in imported
+    )
+    assert importing_studies == []
+    assert graph.get("benchmarks.common", set()) == set()
+
+
 def test_no_two_modules_import_each_other() -> None:
     """Modules depend on each other one way, in the product and in its users (benchmarks,
     testbed): none imports a module that imports it back, directly or round a cycle. A

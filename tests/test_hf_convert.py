@@ -121,8 +121,8 @@ def vit_reports(vit: dict) -> dict[str, Report]:
     """The ViT converted from each export, with the same calib.npz and eval.npz: the program
     through the CLI and the legacy ONNX through the library for every target, the default
     ONNX through the library for the quick targets (``QUICK_TARGETS``): its TFLite route is the
-    legacy file's, ONNX to onnx2tf (benchmarks/fold_formats converts every export for every
-    target)."""
+    legacy file's, ONNX to onnx2tf (benchmarks/conversion/fold_formats converts every export for
+    every target)."""
     reports = {"pt2": convert_with_cli(vit["pt2"], vit, vit["dir"] / "out_pt2")}
     for export, targets in (("onnx", QUICK_TARGETS), ("legacy", None)):
         reports[export] = convert(vit[export], targets=targets, calib=vit["calib"],

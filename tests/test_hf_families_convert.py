@@ -7,12 +7,12 @@ Every family folds the same from every form, its norms where the maths allows (p
 families all of them; post-norm ones all but those that feed a residual, which say so), and
 its fp32 file for every target's opset and batch computes what the model does, at the
 sequence length or image size of the user's data. The quantized build of every family, form
-and target is ``benchmarks/hf_families.py``; here a few families build the quick targets (cpu,
-tda4vm) through the Python API, targets named as strings.
+and target is ``benchmarks/conversion/hf_families.py``; here a few families build the quick targets
+(cpu, tda4vm) through the Python API, targets named as strings.
 
 The default suite folds every family from one form (its fp32 files from its ONNX file) and
 Swin from every form; the full matrix, every family from every form, is marked slow (``pytest -m
-slow``), and ``python -m benchmarks.hf_families`` runs it quantized for every target.
+slow``), and ``python -m benchmarks.conversion.hf_families`` runs it quantized for every target.
 """
 
 from __future__ import annotations

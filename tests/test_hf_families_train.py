@@ -6,8 +6,8 @@ for the image models, Rotten Tomatoes at 48 tokens (edge_un's word tokenizer) fo
 
 One short epoch each: the tests check what was swapped, what the int8-ready pressure acted on
 (each family names its projections its own way), the records, and that the written directory
-computes the figures it records; not accuracy (benchmarks/hf_families.py trains real ones).
-"""
+computes the figures it records; not accuracy (benchmarks/conversion/hf_families.py trains real
+ones)."""
 
 from __future__ import annotations
 
@@ -333,16 +333,16 @@ def test_roberta_positions_start_after_its_padding_index(rt, text_npz, tmp_path,
     assert "'input_ids' has 48 positions, the model takes at most 47" in err, err
 
 
-@pytest.mark.slow  # a minute of training; python -m benchmarks.hf_families trains it fully
+@pytest.mark.slow  # a minute of training; benchmarks.conversion.hf_families trains it fully
 def test_the_builder_trains_a_swin_on_mnist_framed_to_32_pixels(tmp_path: Path) -> None:
-    """``python -m benchmarks.make_hf_examples --model swin`` (what benchmarks/hf_families.py
+    """``python -m tools.make_hf_examples --model swin`` (what benchmarks/conversion/hf_families.py
     trains its Swin with), cut to one epoch: the directory records MNIST padded by 2 pixels, so
     its own test split comes back at 32 x 32, and the builder exits 0 only if the reloaded model
     scores the test accuracy it recorded."""
     out = tmp_path / "swin-ln"
     argv = ["--model", "swin", "--norm", "ln", "--epochs", "1", "--batch-size", "256",
             "--threads", "1", "--no-progress", "--out", str(out)]  # fmt: skip
-    command = [sys.executable, "-m", "benchmarks.make_hf_examples", *argv]
+    command = [sys.executable, "-m", "tools.make_hf_examples", *argv]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
     model, info = edge_un.load_pretrained(out)

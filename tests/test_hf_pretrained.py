@@ -369,13 +369,13 @@ def test_bundled_hf_example_reaches_its_recorded_test_accuracy(name: str) -> Non
 
 
 def test_the_example_builder_writes_a_directory_that_scores_what_it_records(tmp_path) -> None:
-    """``python -m benchmarks.make_hf_examples`` (what regenerates the hf-* examples), cut to
+    """``python -m tools.make_hf_examples`` (what regenerates the hf-* examples), cut to
     one epoch: it trains through edge_un's training loop, writes a directory that loads back
     with UN warm-up scaled to the run, and exits 0 only if the reloaded model scores the test
     accuracy it recorded."""
     out = tmp_path / "hf-vit-un"
     argv = ["--model", "vit", "--norm", "un", "--epochs", "1", "--threads", "1", "--no-progress"]
-    command = [sys.executable, "-m", "benchmarks.make_hf_examples", *argv, "--out", str(out)]
+    command = [sys.executable, "-m", "tools.make_hf_examples", *argv, "--out", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
     model, info = edge_un.load_pretrained(out)
@@ -383,7 +383,7 @@ def test_the_example_builder_writes_a_directory_that_scores_what_it_records(tmp_
     assert result.stdout.strip().endswith(
         f"wrote {out} (test accuracy {meta['test_accuracy']:.4f}, un)"
     )
-    assert meta["command"].startswith("python -m benchmarks.make_hf_examples --model vit --norm un")
+    assert meta["command"].startswith("python -m tools.make_hf_examples --model vit --norm un")
     assert [h["epoch"] for h in meta["history"]] == [1]
     assert meta["recipe"]["total_steps"] == 55  # 3500 training images in batches of 64
     assert meta["recipe"]["augmentation"] == "random shift up to 1 px"

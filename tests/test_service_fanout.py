@@ -68,7 +68,8 @@ def one_process_conversion(out: Path) -> Report:
     return Report.read(out / "report.json")
 
 
-@pytest.mark.slow  # 1-2.5 min on 2 cores; benchmarks/celery_fanout.py checks the same on 4 targets
+# 1-2.5 min on 2 cores; benchmarks/service/celery_fanout.py checks the same on 4 targets
+@pytest.mark.slow
 def test_a_jobs_targets_build_at_once_on_two_workers_as_one_process_builds_them(
     shared_cluster, tmp_path
 ):

@@ -2,8 +2,8 @@
 succeeds; none is lost or duplicated, and each client sees exactly its own job.
 
 Marked ``slow`` (20 conversions, 2 at a time, about a minute per queue mode on 2 cores alone):
-``.ci/run`` runs it after the default suite, and ``benchmarks.service_load --burst 20`` times
-the same burst (``testbed.burst``)."""
+``.ci/run`` runs it after the default suite, and ``benchmarks.service.service_load --burst 20``
+times the same burst (``testbed.burst``)."""
 
 from __future__ import annotations
 

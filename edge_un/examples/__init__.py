@@ -37,16 +37,16 @@ target) and ``source`` holds the training run's recipe, command and accuracy. Se
 
 Hugging Face ``transformers`` models, each a directory (``config.json`` + ``model.safetensors``)
 for :func:`edge_un.load_pretrained`, listed by ``names(hf=True)``, trained from scratch by
-``benchmarks/make_hf_examples.py`` (in the repository, run from its root; not part of the
+``tools/make_hf_examples.py`` (in the repository, run from its root; not part of the
 installed package) on the same data, split and preprocessing (needs edge-un[hf]):
 
 ===============  ==========================================================================
 name             regenerate with
 ===============  ==========================================================================
-hf-vit-mnist-ln  python -m benchmarks.make_hf_examples --model vit --norm ln --seed 0
+hf-vit-mnist-ln  python -m tools.make_hf_examples --model vit --norm ln --seed 0
                  --threads 1 --out edge_un/examples/hf-vit-mnist-ln
 hf-vit-mnist-un  the same with --norm un --out edge_un/examples/hf-vit-mnist-un
-hf-bert-rt-ln    python -m benchmarks.make_hf_examples --model bert --norm ln --seed 0
+hf-bert-rt-ln    python -m tools.make_hf_examples --model bert --norm ln --seed 0
                  --threads 1 --out edge_un/examples/hf-bert-rt-ln
 hf-bert-rt-un    the same with --norm un --out edge_un/examples/hf-bert-rt-un
 ===============  ==========================================================================

@@ -31,7 +31,7 @@ from .npz import FinetuneDataError, input_specs, load_npz
 from .recalibrate import recalibrate
 from .record import finetune_metadata, save_finetuned
 
-# The recipes benchmarks/finetune.py measured (ViT on MNIST-5k): see benchmarks/results.
+# The recipes benchmarks/training/finetune.py measured (ViT on MNIST-5k): see benchmarks/results.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "migrate": {"epochs": 20, "lr": 1e-3},
     "int8-ready": {"epochs": 10, "lr": 5e-4},
@@ -39,7 +39,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 # Hugging Face models: a budget in optimizer steps, not epochs, so that the default takes minutes
 # whatever the data set's size (epochs = steps / steps per epoch, at least 1, at most 30). It
 # migrates the HF ViT (29 epochs of 3500 images) and BERT (11 epochs of 8965 sentences) of
-# benchmarks/hf_migrate.py to within 0.5 pt of their teachers in minutes on 2 cores (docs/
+# benchmarks/training/hf_migrate.py to within 0.5 pt of their teachers in minutes on 2 cores (docs/
 # guides/hugging-face.md); 800 steps left a ViT taught for 120 epochs 0.6 pt short. Migration
 # keeps its best epoch by validation agreement with the teacher, and a swap that left the model
 # nearly intact (BERT's post-norm blocks: 94 % agreement before fine-tuning; the ViT's pre-norm

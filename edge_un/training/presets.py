@@ -1,5 +1,5 @@
 """Named model + recipe sizes, defined once: "tiny" (tests), "example" (the bundled models),
-"bench" (benchmarks/norm_comparison.py).
+"bench" (benchmarks/training/norm_comparison.py).
 
 A preset may set constructor arguments per norm kind (``norm_kwargs``); arguments passed to
 ``fit`` override them, and the checkpoint records the merged ones. The ViT "tiny" and "example"

@@ -39,7 +39,8 @@ LOGS_DIR = "logs"
 DIRECT = "litert-torch"
 ONNX2TF = "onnx2tf"
 # auto (the default: direct where there is a program, onnx2tf otherwise or after it fails), or
-# one route alone, without the other as its fallback (benchmarks.tflite_routes compares them)
+# one route alone, without the other as its fallback (benchmarks.conversion.tflite_routes compares
+# them)
 ROUTE_VAR = "EDGE_UN_TFLITE_ROUTE"
 ROUTES = ("auto", DIRECT, ONNX2TF)
 

@@ -5,7 +5,7 @@ other than 0 (LiteRT >= 2.1.3: LiteRT commit 3d79631 / XNNPACK ecb6799, in
 ``VisitBatchMatMulNode``), and TFLite's own int8 kernel for it is the reference one. TensorFlow's
 converter quantizes activations asymmetrically, per tensor, so attention's K and V come out
 with zero points such as -8 or 10: none of the products was delegated, and in a ViT-Tiny they
-took ~47 of ~50 ms (``benchmarks/litert_attention``).
+took ~47 of ~50 ms (``benchmarks/studies/litert_attention``).
 
 How: an int8 tensor's scale and zero point are set where it is computed. The right operand is
 usually not computed by an op that could take any output quantization: K is the qkv

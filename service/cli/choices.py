@@ -26,5 +26,6 @@ HF_EXAMPLES = ("hf-vit-mnist-ln", "hf-vit-mnist-un", "hf-bert-rt-ln", "hf-bert-r
 TARGETS = ("cpu", "imx93", "imx8mp", "tda4vm")  # quant.targets.TARGET_NAMES
 
 # The bundled UN ViT migrated from its LayerNorm twin: the route edge-un recommends, and the
-# example whose pure int8 files meet the drift bar on every target (benchmarks/quant_compare).
+# example whose pure int8 files meet the drift bar on every target
+# (benchmarks/conversion/quant_compare).
 DEFAULT_MODEL = "vit-mnist-ln-to-un"
