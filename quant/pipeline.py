@@ -34,12 +34,13 @@ from .errors import Blame, blame, reason
 from .host import describe_host
 from .isolation import BuildOrder, build_in_child, builder_for, load_samples
 from .job_files import Prepared, TargetPart, export_key, host_notes, load_part, save_part
-from .measure.bars import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, Bars
+from .measure.bars import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT
 from .prepare import prepare
 from .quiet_latency import retime_contended
 from .report import schema
 from .report.records import artifact_record
 from .report.summary import summary_markdown
+from .request import ConversionRequest, conversion_request
 from .targets.builder import TargetSettings
 from .targets.profiles import Builder, TargetProfile
 
@@ -82,13 +83,27 @@ def convert(
     ``parallel``: how many targets build at once, each in its process (their memory adds up);
     the report is the same either way.
     """
+    request = conversion_request(
+        model, targets, calib, eval, config=config, max_drift=max_drift,
+        min_agreement=min_agreement, allow_online=allow_online, latency_runs=latency_runs,
+        recalibrate_batches=recalibrate_batches,
+    )  # fmt: skip
+    return run_conversion(request, out_dir, progress, deadline=deadline, parallel=parallel)
+
+
+def run_conversion(
+    request: ConversionRequest,
+    out_dir: str | Path,
+    progress: Progress | None = None,
+    *,
+    deadline: float | None = None,
+    parallel: int = 1,
+) -> schema.Report:
+    """The whole conversion ``request`` asks for into ``out_dir`` (:func:`convert` says what
+    ``deadline`` and ``parallel`` mean): prepared once, each target built, then assembled."""
     say = progress or ignore_progress
     with tempfile.TemporaryDirectory(prefix="edge-un-work-") as work:
-        prepared = prepare(
-            model, targets, calib, eval, Path(out_dir).resolve(), Path(work),
-            Bars(max_drift, min_agreement), say, config=config, allow_online=allow_online,
-            latency_runs=latency_runs, recalibrate_batches=recalibrate_batches,
-        )  # fmt: skip
+        prepared = prepare(request, Path(out_dir).resolve(), Path(work), say)
         if parallel > 1:
             _build_at_once(prepared, say, deadline, parallel)
         else:

@@ -16,9 +16,7 @@ import copy
 import ctypes
 import gc
 import json
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -30,7 +28,6 @@ from converters.fx_constants import fold_constant_subgraphs
 from converters.fx_integer_argmax import integer_argmax_as_top1
 from converters.pipeline import FoldedSource, export_folded, load_and_fold
 from converters.progress import Progress, ProgressEvent
-from converters.source import ModelSource
 
 from .data import (
     CALIBRATION_SAMPLES,
@@ -42,61 +39,47 @@ from .data import (
     load_npz,
     sample_shapes,
 )
-from .errors import DataFileError, QuantError, one_line
+from .errors import DataFileError, one_line
 from .isolation import save_samples
 from .job_files import FP32_OUTPUTS_FILE, ExportedModel, Prepared, export_key
-from .measure.bars import Bars
 from .measure.drift import onnx_runner
 from .measure.graph_walk import static_batch
 from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
 from .report import schema
+from .request import ConversionRequest
 from .sources import program_module_paths
-from .targets.profiles import TargetProfile, resolve_targets
+from .targets.profiles import TargetProfile
 from .tflite.direct import module_paths_file
 
 # The opset and batch of the export that gives the fp32 reference when no target's could.
 REFERENCE_EXPORT = (18, False)
 
 
-def prepare(
-    model: ModelSource | str | Path,
-    targets: str | Sequence[TargetProfile | str] | None,
-    calib: str | Path | None,
-    eval: str | Path | None,  # the issue's name for the evaluation data
-    out_dir: Path,
-    work_dir: Path,
-    bars: Bars,
-    say: Progress,
-    *,
-    config: str | Path | Mapping[str, Any] | None = None,
-    allow_online: bool = False,
-    latency_runs: int = 100,
-    recalibrate_batches: int = 0,
-) -> Prepared:
-    """Everything before the targets' builds (``quant.pipeline.convert`` says what each
-    argument means); the record is also saved in ``work_dir``."""
-    profiles = _profiles(targets)
-    if bars.max_drift < 0:
-        raise QuantError(f"max_drift must be >= 0 points, got {bars.max_drift}")
-    if recalibrate_batches < 0:
-        raise QuantError(f"recalibrate_batches must be >= 0, got {recalibrate_batches}")
+def prepare(request: ConversionRequest, out_dir: Path, work_dir: Path, say: Progress) -> Prepared:
+    """Everything before the targets' builds (``quant.pipeline.convert`` says what each part
+    of the request means); the record is also saved in ``work_dir``."""
+    calib, batches = request.calib, request.recalibrate_batches
     say(ProgressEvent("load", 0.01))
     # A model that leaves shapes open (a directory; a dynamic axis) takes the calibration
     # data's: its sequence length, its image size.
     shapes = sample_shapes(calib) if calib is not None else {}
-    folded = load_and_fold(model, config=config, allow_online=allow_online, input_shapes=shapes)
-    if recalibrate_batches:
+    folded = load_and_fold(
+        request.model, config=request.config, allow_online=request.allow_online,
+        input_shapes=shapes,
+    )  # fmt: skip
+    if batches:
         check_recalibratable(folded)
     specs = input_specs(folded)
     calibration = _samples(calib, folded, specs, "calibration")
-    evaluation = _samples(eval, folded, specs, "evaluation")
+    evaluation = _samples(request.eval, folded, specs, "evaluation")
     recalibration = None
-    if recalibrate_batches:
+    if batches:
         say(ProgressEvent("recalibrate", 0.03))
         data = calibration if calib is not None else None  # None: the checkpoint's train split
         folded, recalibration = recalibrate_and_fold(
-            folded, data, evaluation, recalibrate_batches, allow_online
+            folded, data, evaluation, batches, request.allow_online
         )
+    profiles = request.targets
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)
     for part, samples in (("calibration", calibration), ("evaluation", evaluation)):
@@ -114,15 +97,15 @@ def prepare(
         list(folded.fold.notes)
         + [export.note() for export in exports.values()]
         + list(dict.fromkeys(line for e in exports.values() for line in e.rewrites))
-        + ([recalibration_note(recalibration, recalibrate_batches)] if recalibration else [])
+        + ([recalibration_note(recalibration, batches)] if recalibration else [])
         + ([reference_note] if reference_note else [])
     )
     prepared = Prepared(
         out_dir=out_dir,
         work_dir=work_dir,
         profiles=list(profiles),
-        bars=bars,
-        latency_runs=latency_runs,
+        bars=request.bars,
+        latency_runs=request.latency_runs,
         model=_model_info(folded, specs),
         fold=folded.fold.as_dict(),
         reference=schema.Reference(
@@ -154,13 +137,6 @@ def release_freed_memory() -> None:
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the C library this process runs
     if trim is not None:  # glibc's; another C library has no such call
         trim(0)
-
-
-def _profiles(targets: str | Sequence[TargetProfile | str] | None) -> tuple[TargetProfile, ...]:
-    profiles = resolve_targets(targets)
-    if not profiles:
-        raise QuantError("no targets to build: name at least one")
-    return profiles
 
 
 def _exports(

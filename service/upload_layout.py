@@ -9,6 +9,7 @@ finding, recorded with the job, never a suffix.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from converters.source import ModelFormat, ModelSource
 
@@ -21,3 +22,11 @@ def stored_model(upload_dir: Path, format: ModelFormat, label: str) -> ModelSour
     user uploaded (``label``)."""
     path = upload_dir / (HF_DIRECTORY if format == "hf" else "model")
     return ModelSource(path, format, name=Path(label).stem or None)
+
+
+def stored_file(
+    upload_dir: Path, field: Literal["config", "calib", "eval"], label: str | None
+) -> Path | None:
+    """A job's uploaded config or data file, stored under its field's name; None when the user
+    uploaded none (no ``label``)."""
+    return upload_dir / field if label else None

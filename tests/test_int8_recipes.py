@@ -26,7 +26,7 @@ from quant.measure.drift import Drift, measure_drift, onnx_runner
 from quant.measure.saved_tensors import SavedTensors
 from quant.ort.attention import calibrated_absmax, signed_operand_sources
 from quant.ort.bias_correction import bias_sites, channel_means
-from quant.ort.quantize import prepare_for_quantization, prepare_once, quantize_onnx
+from quant.ort.quantize import preprocess_for_quantization, preprocess_once, quantize_onnx
 from quant.ort.search import RecipeTrial, kept_recipe
 from quant.ort.target import build_onnx_target
 from quant.pipeline import convert
@@ -104,7 +104,7 @@ def test_bias_correction_cancels_the_mean_error_it_measures_and_lowers_the_held_
     # each bias was measured with every bias before it corrected (one walk through the graph,
     # not one pass each): run whole, every corrected output's mean error on the calibration
     # data is under half a step of its bias, the int32 rounding, in every channel
-    fp32 = onnx.load(str(prepare_for_quantization(vit["fp32"]["tda4vm"], TDA4VM, tmp_path)))
+    fp32 = onnx.load(str(preprocess_for_quantization(vit["fp32"]["tda4vm"], TDA4VM, tmp_path)))
     sites = bias_sites(model, {out for node in fp32.graph.node for out in node.output})
     assert len(sites) == 18
     int8_means = channel_means(model, {s.output: s.channel_axis for s in sites}, vit["calibration"])
@@ -246,7 +246,7 @@ def test_a_shared_preparation_makes_each_recipe_s_file_byte_for_byte(
     it makes alone, and the later recipes read the ranges, not measure them again; the third
     takes the fp32 channel means the second's bias correction measured."""
     fp32, calibration = vit["fp32"]["cpu"], vit["calibration"]
-    shared = prepare_once(fp32, CPU, calibration, tmp_path)
+    shared = preprocess_once(fp32, CPU, calibration, tmp_path)
     written = None
     for number, recipe in enumerate(CPU.int8_recipes):
         alone = quantize_onnx(fp32, tmp_path / f"alone_{number}.onnx", recipe, calibration)
@@ -269,7 +269,7 @@ def test_the_attention_operands_bound_is_their_calibrated_absolute_maximum(
     largest absolute value on the calibration data, as a pass of the prepared graph run as
     written computes it."""
     fp32, calibration = vit["fp32"]["cpu"], vit["calibration"]
-    shared = prepare_once(fp32, CPU, calibration, tmp_path)
+    shared = preprocess_once(fp32, CPU, calibration, tmp_path)
     quantized = onnx.load(
         str(quantize_onnx(fp32, tmp_path / "q.onnx", CPU, calibration, (), shared))
     )

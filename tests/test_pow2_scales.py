@@ -28,7 +28,7 @@ from quant.ort.pow2.scales import (
     softmax_visible_error,
     squared_error,
 )
-from quant.ort.quantize import prepare_for_quantization, quantize_onnx
+from quant.ort.quantize import preprocess_for_quantization, quantize_onnx
 from quant.targets import PROFILES, TargetProfile
 
 INT8 = np.dtype(np.int8)
@@ -328,7 +328,7 @@ def test_the_fp32_values_are_found_for_constants_only(tmp_path: Path) -> None:
     quantized = onnx.load(
         str(quantize_onnx(fp32, tmp_path / "q.onnx", minmax_profile, calibration))
     )
-    prepared = onnx.load(str(prepare_for_quantization(fp32, minmax_profile, tmp_path)))
+    prepared = onnx.load(str(preprocess_for_quantization(fp32, minmax_profile, tmp_path)))
     found = fp32_constants(quantized, prepared)
     assert sorted(found) == ["b_quantized", "w_quantized"]
     np.testing.assert_array_equal(found["w_quantized"], weight)

@@ -140,15 +140,13 @@ def test_assembling_the_report_times_again_a_figure_its_build_timed_on_a_busy_ho
     writes what it returns; not when the part was built on another kind of machine."""
     from converters.progress import ProgressEvent, ignore_progress
     from quant.job_files import load_part, save_part
-    from quant.measure.bars import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, Bars
     from quant.pipeline import assemble, build_target
     from quant.prepare import prepare
+    from quant.request import conversion_request
 
     out = tmp_path / "out"
-    prepared = prepare(
-        examples.path("vit-mnist-un"), "cpu", None, None, out, tmp_path / "work",
-        Bars(DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT), ignore_progress,
-    )  # fmt: skip
+    request = conversion_request(examples.path("vit-mnist-un"), "cpu")
+    prepared = prepare(request, out, tmp_path / "work", ignore_progress)
     build_target(prepared, "cpu")
     part = load_part(prepared, "cpu")
     first, *rest = part.report.latency

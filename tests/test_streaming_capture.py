@@ -244,7 +244,7 @@ def test_the_power_of_two_pass_hands_bias_correction_the_means_it_would_take(
         PROFILES["tda4vm"], power_of_two_scales=False, bias_correction=False
     )
     quantized = onnx.load(str(quantize_onnx(fp32_path, tmp_path / "q.onnx", minmax, calibration)))
-    prepared_path = quantize.prepare_for_quantization(fp32_path, minmax, tmp_path)
+    prepared_path = quantize.preprocess_for_quantization(fp32_path, minmax, tmp_path)
     prepared = onnx.load(str(prepared_path))
 
     sites = mean_sites(quantized, fp32_tensors(prepared))

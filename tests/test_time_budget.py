@@ -18,7 +18,7 @@ from quant.deadline import NO_DEADLINE, STOPPED, Deadline, SearchStopped, watchi
 from quant.measure.bars import Bars
 from quant.measure.drift import measure_drift, onnx_runner
 from quant.ort.bias_correction import correct_biases
-from quant.ort.quantize import prepare_once, quantize_onnx
+from quant.ort.quantize import preprocess_once, quantize_onnx
 from quant.ort.target import build_onnx_target
 from quant.pipeline import convert
 from quant.targets import PROFILES, TargetProfile
@@ -82,8 +82,8 @@ def test_a_quantization_stops_after_its_preparation_and_between_calibration_batc
     assert not cpu.bias_correction  # the first recipe: no bias correction, whose loop checks
     (tmp_path / "stopped").mkdir()
     with watching(Deadline(time.time() - 1)), pytest.raises(SearchStopped):
-        prepare_once(fp32_path, cpu, calibration, tmp_path / "stopped")
-    preparation = prepare_once(fp32_path, cpu, calibration, tmp_path)
+        preprocess_once(fp32_path, cpu, calibration, tmp_path / "stopped")
+    preparation = preprocess_once(fp32_path, cpu, calibration, tmp_path)
     out = tmp_path / "cpu_int8.onnx"
     with watching(Deadline(time.time() - 1)), pytest.raises(SearchStopped):
         quantize_onnx(fp32_path, out, cpu, calibration, preparation=preparation)

@@ -39,8 +39,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import edge_un
-from benchmarks.conversion import hf_families_trained as trained
 from benchmarks.common.results import RESULTS, benchmark_main, save_figure
+from benchmarks.conversion import hf_families_trained as trained
 from benchmarks.conversion.conversion_record import cpu_op_types, target_record, timed_convert
 from quant.measure.bars import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT
 from quant.targets import TARGET_NAMES

@@ -45,8 +45,8 @@ from typing import Any
 from safetensors import safe_open
 
 import edge_un
-from benchmarks.speed import hf_scale
 from benchmarks.common.results import RESULTS, ROOT
+from benchmarks.speed import hf_scale
 from benchmarks.training.hf_migrate import CLI, TEACHERS, made_once
 from service.settings import Settings
 from service.worker.steps import REPORT_RESERVE

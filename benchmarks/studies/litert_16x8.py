@@ -35,14 +35,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from benchmarks.speed import hf_scale
 from benchmarks.common.results import benchmark_main, save_figure
+from benchmarks.speed import hf_scale
 from converters.progress import ignore_progress
 from edge_un import examples
 from quant.host import describe_host
 from quant.isolation import load_samples
-from quant.measure.bars import Bars
 from quant.prepare import prepare
+from quant.request import conversion_request
 from quant.targets import PROFILES
 from quant.tflite.litert import sample_runner
 from quant.tflite.onnx2tf import convert_int16x8, convert_tflite
@@ -86,9 +86,8 @@ def _sources(work: Path) -> list[tuple[str, Any, Path | None, Path | None]]:
 
 def measure(name: str, model: Any, calib: Path | None, evaluation: Path | None, work: Path) -> dict:
     imx93 = PROFILES["imx93"]
-    prepared = prepare(
-        model, [imx93], calib, evaluation, work / "out", work / "job", Bars(), ignore_progress
-    )
+    request = conversion_request(model, [imx93], calib, evaluation)
+    prepared = prepare(request, work / "out", work / "job", ignore_progress)
     export = prepared.export_of(imx93)
     assert not isinstance(export, str), export
     feeds = load_samples(prepared.calibration_dir).head(CALIBRATION).feeds

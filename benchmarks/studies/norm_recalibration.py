@@ -37,8 +37,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from benchmarks.training import norm_comparison as nc
 from benchmarks.common.results import RESULTS
+from benchmarks.training import norm_comparison as nc
 from benchmarks.training.finetune_report import mean_std
 
 JSON_PATH = RESULTS / "norm_recalibration.json"

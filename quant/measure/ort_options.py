@@ -13,7 +13,7 @@ as many threads as the cores other work leaves it when it starts
 does not oversubscribe them.
 
 ORT's own calibrator (``quantize_static``) makes its session itself, with the defaults; it runs
-once per target (``quant.ort.quantize.Preparation``).
+once per target (``quant.ort.quantize.Preprocessed``).
 """
 
 from __future__ import annotations

@@ -95,16 +95,16 @@ def quantize_onnx(
     profile: TargetProfile,
     calibration: Samples,
     int16_tensors: Sequence[str] = (),
-    preparation: Preparation | None = None,
+    preparation: Preprocessed | None = None,
 ) -> Path:
     """Quantize ``fp32_path`` for ``profile``; the activations in ``int16_tensors`` get 16 bits.
     ``preparation``: what an earlier quantization of the same file on the same ``calibration``
-    left for this one (``prepare_once``); without it, this call prepares and calibrates alone."""
+    left for this one (``preprocess_once``); without it, this call prepares and calibrates alone."""
     model = onnx.load(str(fp32_path))
     input_names = graph_input_names(model)
     fixed = static_batch(model)
     with tempfile.TemporaryDirectory() as scratch, _quiet():
-        shared = preparation or prepare_once(fp32_path, profile, calibration, Path(scratch))
+        shared = preparation or preprocess_once(fp32_path, profile, calibration, Path(scratch))
         shared.check(fp32_path, profile, calibration)
         prepared = shared.graph
         widened = shared_quantization(onnx.load(str(prepared)), int16_tensors)
@@ -163,9 +163,9 @@ def quantize_onnx(
 
 
 @dataclass(frozen=True)
-class Preparation:
+class Preprocessed:
     """What every quantization of one fp32 file for one target shares, made once: ORT's
-    pre-processed fp32 graph (``prepare_for_quantization``) and every activation's range on the
+    pre-processed fp32 graph (``preprocess_for_quantization``) and every activation's range on the
     calibration data, which the first ``quantize_static`` measures and saves as ORT's own
     calibration cache (its ``calibration_cache_path``, JSON) and each later one reads back.
 
@@ -196,20 +196,20 @@ class Preparation:
             )
 
 
-def prepare_once(
+def preprocess_once(
     fp32_path: Path, profile: TargetProfile, calibration: Samples, directory: Path
-) -> Preparation:
-    """A :class:`Preparation` of ``fp32_path`` in ``directory``, which must outlive its use;
+) -> Preprocessed:
+    """A :class:`Preprocessed` of ``fp32_path`` in ``directory``, which must outlive its use;
     its ranges are measured by the first quantization given it."""
     with _quiet():
-        graph = prepare_for_quantization(fp32_path, profile, directory)
+        graph = preprocess_for_quantization(fp32_path, profile, directory)
     check_deadline()  # the preparation runs unwatched: a stretch of its own, not the calibration's
-    return Preparation(
+    return Preprocessed(
         fp32_path, profile.gemm_linears, calibration, graph, directory / "calibration_ranges.json"
     )
 
 
-def prepare_for_quantization(fp32_path: Path, profile: TargetProfile, scratch: Path) -> Path:
+def preprocess_for_quantization(fp32_path: Path, profile: TargetProfile, scratch: Path) -> Path:
     """The fp32 graph ORT's quantizer is given, and the reference bias correction measures
     against (in ``scratch``): its Linears as Gemm where ``profile`` wants them, then ORT's own
     pre-processing (shape inference; its fusions rename tensors)."""

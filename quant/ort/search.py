@@ -23,7 +23,7 @@ from ..targets.fallback_ladder import (
     ships_before,
 )
 from ..targets.profiles import TargetProfile
-from .quantize import Preparation, prepare_once, quantize_onnx
+from .quantize import Preprocessed, preprocess_once, quantize_onnx
 
 # What a build does after its search (the shipped file's SQNR: an fp32 and an int8 pass; the
 # host-kernel drift pass; latency; checks), in exact drift passes of the last file, which the
@@ -59,7 +59,7 @@ class Search:
     step_s: float = 0.0  # how long the last quantize-and-measure step took
     unwatched_s: float = 0.0  # the longest it ran between two deadline checks
     passes: list[float] = field(default_factory=list)  # each exact drift pass's seconds
-    preparation: Preparation | None = None  # the fp32 graph and ranges every step shares
+    preparation: Preprocessed | None = None  # the fp32 graph and ranges every step shares
 
     def measure(self, exact: bool) -> Drift:
         """The file's drift on the evaluation data: exact arithmetic, or this host's kernels."""
@@ -69,7 +69,7 @@ class Search:
     def quantize_and_measure(self, recipe: TargetProfile, int16: tuple[str, ...]) -> Drift:
         job = self.job
         if self.preparation is None:  # in the first quantize stage: the recipes share it
-            self.preparation = prepare_once(
+            self.preparation = preprocess_once(
                 job.fp32_path, recipe, job.calibration, self.preparation_dir
             )
         quantize_onnx(job.fp32_path, self.artifact, recipe, job.calibration, int16,

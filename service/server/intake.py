@@ -68,7 +68,7 @@ class Form:
         return sum(self.sizes.values()) + sum(self.data_files.values())
 
 
-def parse_targets(text: str | None) -> tuple[TargetProfile, ...]:
+def form_targets(text: str | None) -> tuple[TargetProfile, ...]:
     """ "cpu, imx93" -> those profiles; blank or "all" -> every target this installation can
     build (the job then names what it builds); refused if unknown or not buildable here."""
     from quant.availability import TargetUnavailableError, targets_to_build
@@ -259,7 +259,7 @@ async def accept(
     try:
         await anyio.to_thread.run_sync(_check_queue, settings, token_id)  # before the upload
         form = await receive(MultipartReader(body, boundary), dest, limit, metrics, browser)
-        targets = parse_targets(form.texts.get("targets"))
+        targets = form_targets(form.texts.get("targets"))
         max_drift = parse_max_drift(form.texts.get("max_drift"))
         model = await anyio.to_thread.run_sync(check_files, form, dest, settings.max_parameters)
         request = jobs.NewJob(

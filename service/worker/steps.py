@@ -26,6 +26,8 @@ from sqlalchemy.orm import Session
 
 from converters.progress import ProgressEvent
 from quant.errors import Blame, blame, one_line
+from quant.measure.bars import DEFAULT_MIN_AGREEMENT, Bars
+from quant.request import ConversionRequest
 
 from .. import job_targets, jobs
 from ..db import Job, session_scope
@@ -33,7 +35,7 @@ from ..job_targets import TargetClaim
 from ..jobs import Claim
 from ..settings import Settings
 from ..storage import ArtifactStore, make_store
-from ..upload_layout import stored_model
+from ..upload_layout import stored_file, stored_model
 from .failures import memory_message, out_of_memory
 
 log = logging.getLogger("edge_un.steps")
@@ -128,19 +130,20 @@ def _job_progress(settings: Settings, claim: Claim) -> ProgressRecorder:
     return ProgressRecorder(settings, lambda session, event: jobs.progress(session, claim, event))
 
 
-def _conversion_inputs(settings: Settings, store: ArtifactStore, job: Job) -> dict:
-    """The pipeline's arguments for a job, from its record and its uploads."""
+def _request(settings: Settings, store: ArtifactStore, job: Job) -> ConversionRequest:
+    """What the job asks for, from its record and its uploads."""
     from quant.targets import get_profile
 
     uploads = store.upload_dir(job.id)
-    return {
-        "model": stored_model(uploads, job.model_format, job.model_label),  # type: ignore[arg-type]
-        "targets": [get_profile(name) for name in job.targets],
-        "calib": uploads / "calib" if job.calib_label else None,
-        "eval": uploads / "eval" if job.eval_label else None,
-        "config": uploads / "config" if job.config_label else None,
-        "latency_runs": settings.latency_runs,
-    }
+    return ConversionRequest(
+        model=stored_model(uploads, job.model_format, job.model_label),  # type: ignore[arg-type]
+        targets=tuple(get_profile(name) for name in job.targets),
+        calib=stored_file(uploads, "calib", job.calib_label),
+        eval=stored_file(uploads, "eval", job.eval_label),
+        config=stored_file(uploads, "config", job.config_label),
+        bars=Bars(job.max_drift, DEFAULT_MIN_AGREEMENT),
+        latency_runs=settings.latency_runs,
+    )
 
 
 def run(settings: Settings, claim: Claim) -> int:
@@ -154,12 +157,11 @@ def run(settings: Settings, claim: Claim) -> int:
     progress = _job_progress(settings, claim)
     error = failures = None
     try:
-        from quant.pipeline import convert  # heavy (torch, onnx): inside the memory limit's try
+        from quant.pipeline import run_conversion  # heavy (torch, onnx): inside the try
 
-        report = convert(
-            **_conversion_inputs(settings, store, job), out_dir=staging, max_drift=job.max_drift,
-            progress=progress, deadline=build_deadline(settings, job.started_at),
-            parallel=settings.job_parallel,
+        report = run_conversion(
+            _request(settings, store, job), staging, progress,
+            deadline=build_deadline(settings, job.started_at), parallel=settings.job_parallel,
         )  # fmt: skip
         failures = report.failures()
         error = failures if report.outcome() == "failed" else None
@@ -179,14 +181,9 @@ def prepare_step(settings: Settings, claim: Claim) -> int:
     work = store.work_dir(claim.job_id, claim.attempt)
     progress = _job_progress(settings, claim)
     try:
-        from quant.measure.bars import DEFAULT_MIN_AGREEMENT, Bars
         from quant.prepare import prepare
 
-        inputs = _conversion_inputs(settings, store, job)
-        prepared = prepare(
-            inputs.pop("model"), inputs.pop("targets"), inputs.pop("calib"), inputs.pop("eval"),
-            staging, work, Bars(job.max_drift, DEFAULT_MIN_AGREEMENT), progress, **inputs,
-        )  # fmt: skip
+        prepared = prepare(_request(settings, store, job), staging, work, progress)
     except Exception as caught:
         return publish(settings, store, claim, staging, failure(caught, settings), None, progress)
     with session_scope(settings) as session:
