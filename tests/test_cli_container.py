@@ -178,7 +178,7 @@ def test_the_service_defaults_to_the_targets_this_installation_can_build(
     from service.server.http_status import status_of
 
     def names(text: str | None) -> list[str]:
-        return [profile.name for profile in intake.parse_targets(text)]
+        return [profile.name for profile in intake.form_targets(text)]
 
     if toolenv.ONNX2TF.is_ready():
         assert names(None) == ["cpu", "imx93", "imx8mp", "tda4vm"]
@@ -186,6 +186,6 @@ def test_the_service_defaults_to_the_targets_this_installation_can_build(
     monkeypatch.setenv("EDGE_UN_LITERT_TORCH_ENV", str(tmp_path / "no-litert-env"))
     assert names(None) == names("all") == ["cpu", "tda4vm"]
     with pytest.raises(UploadRejected) as refused:
-        intake.parse_targets("cpu, imx8mp")
+        intake.form_targets("cpu, imx8mp")
     assert status_of(refused.value) == 422
     assert refused.value.detail.startswith("this installation cannot build imx8mp: the PyTorch")

@@ -17,7 +17,7 @@ from service.db import Job
 from service.settings import Settings
 from service.storage import make_store
 from service.upload_layout import HF_DIRECTORY
-from service.worker.steps import _request
+from service.worker.steps import job_request
 
 
 def test_what_a_person_writes_becomes_typed_values() -> None:
@@ -58,7 +58,7 @@ def test_the_service_asks_for_what_the_job_recorded(tmp_path: Path) -> None:
         id="j1", targets=["tda4vm", "cpu"], max_drift=0.3, model_format="hf",
         model_label="my-vit.zip", calib_label="c.npz", eval_label=None, config_label=None,
     )  # fmt: skip
-    request = _request(settings, make_store(settings), job)
+    request = job_request(settings, make_store(settings), job)
     uploads = make_store(settings).upload_dir("j1")
     assert request.model == ModelSource(uploads / HF_DIRECTORY, "hf", name="my-vit")
     assert request.targets == (PROFILES["tda4vm"], PROFILES["cpu"])

@@ -27,7 +27,7 @@ from quant.measure.saved_tensors import SavedTensors
 from quant.ort.attention import calibrated_absmax, signed_operand_sources
 from quant.ort.bias_correction import bias_sites, channel_means
 from quant.ort.quantize import preprocess_for_quantization, preprocess_once, quantize_onnx
-from quant.ort.search import RecipeTrial, kept_recipe
+from quant.ort.search import TriedRecipe, kept_recipe
 from quant.ort.target import build_onnx_target
 from quant.pipeline import convert
 from quant.targets import PROFILES, TargetProfile
@@ -162,15 +162,15 @@ def drift(agreement: float, drop: float) -> Drift:
 def test_the_kept_recipe_is_the_first_within_the_bars_else_the_closest_to_them() -> None:
     bars = Bars(DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT)
     a, b, c = CPU.int8_recipes
-    passing = [RecipeTrial(a, drift(0.985, 0.3)), RecipeTrial(b, drift(0.990, 0.0))]
+    passing = [TriedRecipe(a, drift(0.985, 0.3)), TriedRecipe(b, drift(0.990, 0.0))]
     assert kept_recipe(passing, bars).profile is b
     missing = [
-        RecipeTrial(a, drift(0.985, 0.3)),
-        RecipeTrial(b, drift(0.988, 0.6)),
-        RecipeTrial(c, drift(0.988, 0.1)),
+        TriedRecipe(a, drift(0.985, 0.3)),
+        TriedRecipe(b, drift(0.988, 0.6)),
+        TriedRecipe(c, drift(0.988, 0.1)),
     ]
     assert kept_recipe(missing, bars).profile is c  # same agreement, smaller drop
-    tied = [RecipeTrial(a, drift(0.988, 0.1)), RecipeTrial(b, drift(0.988, 0.1))]
+    tied = [TriedRecipe(a, drift(0.988, 0.1)), TriedRecipe(b, drift(0.988, 0.1))]
     assert kept_recipe(tied, bars).profile is a  # a tie: the earlier, cheaper recipe
 
 

@@ -40,7 +40,7 @@ class FallbackStep:
 
 
 @dataclass(frozen=True)
-class RecipeTrial:
+class TriedRecipe:
     """One recipe of the int8 ladder and the drift of its pure int8 file."""
 
     profile: TargetProfile
@@ -116,7 +116,7 @@ class Search:
         self.stopped.append(cut_note(done, next_step, self.finish_s()))
 
 
-def kept_recipe(trials: list[RecipeTrial], bars: Bars) -> RecipeTrial:
+def kept_recipe(trials: list[TriedRecipe], bars: Bars) -> TriedRecipe:
     """The first recipe within the bars; when none is, the one with the highest agreement (the
     smaller drop, then the earlier recipe, breaks a tie): the pure int8 file closest to them."""
     for trial in trials:
@@ -126,11 +126,11 @@ def kept_recipe(trials: list[RecipeTrial], bars: Bars) -> RecipeTrial:
     return max(trials, key=lambda t: (t.drift.agreement, -(t.drift.top1_drop_pts or 0.0)))
 
 
-def climb_recipes(search: Search) -> tuple[list[RecipeTrial], RecipeTrial]:
+def climb_recipes(search: Search) -> tuple[list[TriedRecipe], TriedRecipe]:
     """The int8 ladder: each recipe of the profile in turn until one is within the bars (or
     time runs out); every recipe tried, and the one whose file is left in ``search.artifact``."""
     job = search.job
-    trials: list[RecipeTrial] = []
+    trials: list[TriedRecipe] = []
     with tempfile.TemporaryDirectory() as scratch:
         missed: list[Path] = []  # each missing recipe's file, in case it is the one kept
         for number, recipe in enumerate(job.profile.int8_recipes):
@@ -143,7 +143,7 @@ def climb_recipes(search: Search) -> tuple[list[RecipeTrial], RecipeTrial]:
             if drift is None:
                 search.cut(f"{number} int8 recipe(s)", step)
                 break
-            trials.append(RecipeTrial(recipe, drift))
+            trials.append(TriedRecipe(recipe, drift))
             if drift.within(job.bars):
                 break
             kept_file = Path(scratch) / f"recipe_{number}.onnx"

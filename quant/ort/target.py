@@ -59,8 +59,8 @@ from .pow2.record import recorded_choices
 from .quantize import quantize_onnx
 from .search import (
     FallbackStep,
-    RecipeTrial,
     Search,
+    TriedRecipe,
     climb_recipes,
     widen_to_int16,
 )
@@ -150,8 +150,8 @@ def _result(
     search: Search,
     grid: GridSearch,
     shipped: Shipped,
-    trials: list[RecipeTrial],
-    kept: RecipeTrial,
+    trials: list[TriedRecipe],
+    kept: TriedRecipe,
     steps: list[FallbackStep],
 ) -> schema.TargetResult:
     """What the build made and measured, for the report (the file timed here)."""
@@ -231,7 +231,7 @@ def _result(
     )
 
 
-def recipe_warnings(trials: list[RecipeTrial], kept: RecipeTrial) -> list[str]:
+def recipe_warnings(trials: list[TriedRecipe], kept: TriedRecipe) -> list[str]:
     """A sentence when the shipped file's int8 recipe is not the target's first one."""
     if kept is trials[0]:
         return []

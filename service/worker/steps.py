@@ -130,7 +130,7 @@ def _job_progress(settings: Settings, claim: Claim) -> ProgressRecorder:
     return ProgressRecorder(settings, lambda session, event: jobs.progress(session, claim, event))
 
 
-def _request(settings: Settings, store: ArtifactStore, job: Job) -> ConversionRequest:
+def job_request(settings: Settings, store: ArtifactStore, job: Job) -> ConversionRequest:
     """What the job asks for, from its record and its uploads."""
     from quant.targets import get_profile
 
@@ -160,7 +160,7 @@ def run(settings: Settings, claim: Claim) -> int:
         from quant.pipeline import run_conversion  # heavy (torch, onnx): inside the try
 
         report = run_conversion(
-            _request(settings, store, job), staging, progress,
+            job_request(settings, store, job), staging, progress,
             deadline=build_deadline(settings, job.started_at), parallel=settings.job_parallel,
         )  # fmt: skip
         failures = report.failures()
@@ -183,7 +183,7 @@ def prepare_step(settings: Settings, claim: Claim) -> int:
     try:
         from quant.prepare import prepare
 
-        prepared = prepare(_request(settings, store, job), staging, work, progress)
+        prepared = prepare(job_request(settings, store, job), staging, work, progress)
     except Exception as caught:
         return publish(settings, store, claim, staging, failure(caught, settings), None, progress)
     with session_scope(settings) as session:
