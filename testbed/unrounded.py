@@ -23,7 +23,7 @@ from onnxruntime.quantization.calibrate import load_tensors_data
 
 from quant.data import Samples
 from quant.measure.exact import constant_tensors, exact_session
-from quant.ort.quantize import prepare_once, quantize_onnx
+from quant.ort.quantize import preprocess_once, quantize_onnx
 from quant.ort.rewrites import apply_ort_rewrites
 from quant.targets import PROFILES
 
@@ -85,7 +85,7 @@ def cpu_rewrites_gap(fp32: Path, feeds: dict[str, np.ndarray], scratch: Path) ->
     operands clip to), over the largest logit. The file as ``quantize_static`` wrote it
     against the same file after ``apply_ort_rewrites``."""
     samples = Samples(feeds, None, "calibration")
-    preparation = prepare_once(fp32, UNREWRITTEN_CPU, samples, scratch)
+    preparation = preprocess_once(fp32, UNREWRITTEN_CPU, samples, scratch)
     int8 = scratch / "int8.onnx"
     quantized = quantize_onnx(fp32, int8, UNREWRITTEN_CPU, samples, (), preparation)
     before, after = onnx.load(str(quantized)), onnx.load(str(quantized))
