@@ -15,8 +15,7 @@ Each is measured on the bundled UN models' held-out test split, against their fp
   non-saturating integer kernel computes;
 * this host's int8 kernels (``onnx_runner``);
 * on a host with VNNI, also ONNX Runtime under QEMU's Haswell model (``quant.measure.emulation``):
-the
-  kernels of an x86 without VNNI. On a host without VNNI that is what "this host" already is.
+  the kernels of an x86 without VNNI. On a host without VNNI that is what "this host" already is.
 
 Speed: batch 1, one thread, every candidate and the fp32 file of a model in one process,
 round-robin (``ROUNDS`` x ``CALLS``), medians; ViT-Tiny (random weights: timing only) and two

@@ -4,8 +4,8 @@ litert-torch converts the program prepare saved (``fp32/model.pt2``) to a float 
 ai-edge-quantizer quantizes that file from the calibration samples: static per-tensor
 activation ranges (min/max over every sample), per-channel int8 weights, int8 graph I/O, no
 float op. Both run in their own environment (``quant.tflite.toolenv.LITERT_TORCH``), one sandboxed
-subprocess per step (``quant.tflite.tool_scripts.litert_torch_convert``), each step's output kept as
-a log.
+subprocess per step (``quant.tflite.tool_scripts.litert_torch_convert``), each step's output
+kept as a log.
 
 Measured against the onnx2tf route (ONNX -> TensorFlow -> TFLite) on the bundled ViT: 9 s
 instead of 34 s for the imx93 target's conversion, the same agreement (99.8 %) and cosine

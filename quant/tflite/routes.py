@@ -3,9 +3,8 @@
 Two routes (``schema.TfliteRoute``):
 - **litert-torch** (``quant.tflite.direct``), the default wherever prepare saved the folded torch
   program: no TensorFlow, a per-op precision mix, 4x faster on the bundled ViT;
-- **onnx2tf** (``quant.tflite.onnx2tf``): the fp32 ONNX file through TensorFlow. The only route for
-an
-  ONNX upload, and the fallback when the direct route fails (the reason is kept).
+- **onnx2tf** (``quant.tflite.onnx2tf``): the fp32 ONNX file through TensorFlow. The only route
+  for an ONNX upload, and the fallback when the direct route fails (the reason is kept).
 
 Targets of one job may build at once (on Celery workers sharing the job's directory): the first
 takes a lock on the file system and converts, the others wait for it and copy its files; a build
@@ -39,8 +38,8 @@ LOGS_DIR = "logs"
 DIRECT = "litert-torch"
 ONNX2TF = "onnx2tf"
 # auto (the default: direct where there is a program, onnx2tf otherwise or after it fails), or
-# one route alone, without the other as its fallback (benchmarks.conversion.tflite_routes compares
-# them)
+# one route alone, without the other as its fallback (benchmarks.conversion.tflite_routes
+# compares them)
 ROUTE_VAR = "EDGE_UN_TFLITE_ROUTE"
 ROUTES = ("auto", DIRECT, ONNX2TF)
 
