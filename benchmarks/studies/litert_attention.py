@@ -175,7 +175,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# LiteRT int8 attention on XNNPACK: symmetric BATCH_MATMUL right operands (ViT-Tiny)",
         "",
-        f"Made by `.venv/bin/python -m benchmarks.{NAME}`, {results['started_utc']} UTC, on "
+        f"Made by `.venv/bin/python -m {__spec__.name}`, {results['started_utc']} UTC, on "
         f"{results['host']['label']} ({results['host']['machine']}); ai-edge-litert "
         f"{results['versions']['ai-edge-litert']}, Vela {results['versions']['ethos-u-vela']}. "
         f"ViT-Tiny, random weights, batch {s['batch']}, {s['threads']} thread; p50/p90 of "
