@@ -42,13 +42,12 @@ from ..measure.drift import Drift, TensorError, kernel_gap, tensor_sqnr
 from ..measure.latency import onnx_latency, thread_counts
 from ..report import schema
 from ..report.records import (
-    WORST_LAYERS,
     artifact_record,
     drift_record,
-    finite,
     latency_record,
+    worst_layers,
 )
-from ..sources import Source, derived_sources, label_of, onnx_graph, onnx_sources, placed_ops
+from ..sources import Source, derived_sources, onnx_graph, onnx_sources, placed_ops
 from ..targets.builder import TargetJob
 from ..targets.fallback_ladder import figures
 from ..targets.profiles import TargetProfile
@@ -160,16 +159,7 @@ def _result(
     name = artifact.relative_to(job.out_dir).as_posix()
     sample = evaluation.rows(0, 1)
     sources = onnx_sources(job.fp32_path)  # errors name fp32 tensors (the int8 file keeps them)
-    worst = [
-        schema.LayerError(
-            name=e.name,
-            op=e.op,
-            sqnr_db=finite(e.sqnr_db),
-            own_sqnr_db=finite(e.own_sqnr_db),
-            module=label_of(sources, e.name),
-        )
-        for e in shipped.errors[:WORST_LAYERS]
-    ]
+    worst = worst_layers(shipped.errors, sources)
     fallback_ops = unsupported_ops(onnx_op_histogram(artifact), profile)
     description = "int8 QDQ ONNX" + (f", {len(int16)} activations int16" if int16 else "")
 

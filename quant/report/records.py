@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict
+from itertools import islice
 from pathlib import Path
 from typing import Literal
 
 from ..digest import sha256_file
 from ..measure.bars import Bars
-from ..measure.drift import Drift
+from ..measure.drift import Drift, TensorError
 from ..measure.latency import Timing
+from ..sources import Source, label_of
 from . import schema
 
 WORST_LAYERS = 5  # how many of the lowest-SQNR tensors a target's report names
@@ -33,6 +36,23 @@ def artifact_record(
         sha256=sha256_file(path),
         description=description,
     )
+
+
+def worst_layers(
+    errors: Iterable[TensorError], sources: Mapping[str, Source]
+) -> list[schema.LayerError]:
+    """The tensors a target's report names (``errors`` worst first; the first WORST_LAYERS),
+    each with the module that computes it (``sources``: the file's tensors by name)."""
+    return [
+        schema.LayerError(
+            name=error.name,
+            op=error.op,
+            sqnr_db=finite(error.sqnr_db),
+            own_sqnr_db=finite(error.own_sqnr_db),
+            module=label_of(sources, error.name),
+        )
+        for error in islice(errors, WORST_LAYERS)
+    ]
 
 
 def drift_record(

@@ -11,6 +11,7 @@ CPU. The i.MX 8M Plus's VX delegate runs no int16 tensor on its NPU: no fallback
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 import time
 from collections.abc import Sequence
@@ -19,16 +20,15 @@ from pathlib import Path
 import onnx
 
 from ..deadline import SearchStopped, cut_note, stop_note, watching
-from ..measure.drift import SQNR_SAMPLES, Drift, measure_drift
+from ..measure.drift import SQNR_SAMPLES, Drift, TensorError, measure_drift
 from ..measure.latency import MIN_RUNS, WARMUP, Timing, thread_counts
 from ..measured_once import file_key, measured_once
 from ..report import schema
 from ..report.records import (
-    WORST_LAYERS,
     artifact_record,
     drift_record,
-    finite,
     latency_record,
+    worst_layers,
 )
 from ..sources import (
     Source,
@@ -141,16 +141,9 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     name = shipped.relative_to(out_dir).as_posix()
     stage("per-tensor SQNR", 0.6)
     sources = tflite_sources(shipped, converted, job.fp32_path)
-    worst = [
-        schema.LayerError(
-            name=tensor,
-            op=op,
-            sqnr_db=finite(db),
-            own_sqnr_db=None,
-            module=label_of(sources, tensor),
-        )
-        for tensor, op, db in _sqnr(shipped, converted.float32, job)
-    ][:WORST_LAYERS]
+    # LiteRT's pass measures each tensor's accumulated error only: no own SQNR (NaN: none)
+    errors = _sqnr(shipped, converted.float32, job)
+    worst = worst_layers((TensorError(t, op, db, math.nan) for t, op, db in errors), sources)
     description = {
         "model_16x8.tflite": "16x8 TFLite: int8 weights, int16 activations (drift fallback)",
         "model_mixed.tflite": "TFLite, int8 weights, int8 activations but for the ops the drift "
