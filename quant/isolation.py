@@ -32,10 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from converters.progress import ProgressEvent
 
 from . import errors
-from .data import Samples
 from .deadline import Deadline
 from .errors import ToolError
 from .report import schema
+from .samples import Samples
 from .targets.builder import StageCallback, TargetJob, TargetSettings
 from .targets.profiles import TargetProfile
 

@@ -4,7 +4,7 @@
 step, which also run one by one, in other processes or on other machines that share the job's
 directories (the service's Celery workers): :func:`~quant.prepare.prepare` (one load and one
 fold, then one ONNX export per distinct opset/batch the targets need, on the fp32 conversion of
-:mod:`converters.pipeline`), :func:`build_target` for each target (in a child process of its
+:mod:`converters.fold_and_export`), :func:`build_target` for each target (in a child process of its
 own, ``quant.isolation``), and :func:`assemble`, which writes ``report.json`` and ``report.md``
 beside the artifacts in ``out_dir``. ``convert`` is exactly these steps (its targets' builds one
 after another, or ``parallel`` at once), so a report and its artifacts are the same however the

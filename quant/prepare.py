@@ -23,13 +23,21 @@ import onnx
 import torch
 
 from converters.attention_masks import bound_attention_masks
+from converters.fold_and_export import FoldedSource, export_folded, load_and_fold
 from converters.fx_attention_masks import bound_program_masks
 from converters.fx_constants import fold_constant_subgraphs
 from converters.fx_integer_argmax import integer_argmax_as_top1
-from converters.pipeline import FoldedSource, export_folded, load_and_fold
 from converters.progress import Progress, ProgressEvent
 
-from .data import (
+from .errors import DataFileError, one_line
+from .isolation import save_samples
+from .job_files import FP32_OUTPUTS_FILE, ExportedModel, Prepared, export_key
+from .measure.drift import onnx_runner
+from .measure.graph_walk import static_batch
+from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
+from .report import schema
+from .request import ConversionRequest
+from .samples import (
     CALIBRATION_SAMPLES,
     MIN_CALIBRATION_SAMPLES,
     MIN_EVALUATION_SAMPLES,
@@ -39,14 +47,6 @@ from .data import (
     load_npz,
     sample_shapes,
 )
-from .errors import DataFileError, one_line
-from .isolation import save_samples
-from .job_files import FP32_OUTPUTS_FILE, ExportedModel, Prepared, export_key
-from .measure.drift import onnx_runner
-from .measure.graph_walk import static_batch
-from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
-from .report import schema
-from .request import ConversionRequest
 from .sources import program_module_paths
 from .targets.profiles import TargetProfile
 from .tflite.direct import module_paths_file

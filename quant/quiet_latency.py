@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .data import Feeds
 from .measure.latency import TIME_BUDGET_S, WARMUP, Timing, onnx_latency
 from .report import schema
 from .report.records import latency_record
+from .samples import Feeds
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ import torch
 
 import edge_un
 from converters import fold_norms
-from converters.pipeline import FoldedSource
+from converters.fold_and_export import FoldedSource
 
-from .data import Samples, checkpoint_samples
 from .errors import QuantError
 from .report import schema
+from .samples import Samples, checkpoint_samples
 
 RECALIBRATION_BATCH = 32  # edge_un.recalibrate's default batch size
 

@@ -27,9 +27,9 @@ from torch.nn import functional
 from edge_un import examples
 from edge_un.checkpoint import load_checkpoint
 from edge_un.models.blocks import Attention
-from quant.data import checkpoint_samples
 from quant.pipeline import convert
 from quant.report import Report
+from quant.samples import checkpoint_samples
 from quant.targets import resolve_targets
 
 Form = Literal[

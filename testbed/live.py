@@ -299,9 +299,9 @@ def fast_job_files() -> dict[str, Path]:
     import numpy as np
     import torch
 
-    from converters.pipeline import export_folded, load_and_fold
+    from converters.fold_and_export import export_folded, load_and_fold
     from edge_un import examples, load_checkpoint
-    from quant.data import checkpoint_samples
+    from quant.samples import checkpoint_samples
 
     torch.set_num_threads(1)
     folder = Path(tempfile.mkdtemp(prefix="edge-un-fast-job-"))

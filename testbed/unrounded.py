@@ -21,10 +21,10 @@ import onnx
 from onnx import helper, numpy_helper
 from onnxruntime.quantization.calibrate import load_tensors_data
 
-from quant.data import Samples
 from quant.measure.exact import constant_tensors, exact_session
 from quant.ort.quantize import preprocess_once, quantize_onnx
 from quant.ort.rewrites import apply_ort_rewrites
+from quant.samples import Samples
 from quant.targets import PROFILES
 
 # the cpu recipe with none of its QDQ rewrites: the file they start from

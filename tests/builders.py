@@ -13,7 +13,7 @@ import edge_un
 from edge_un.models import TextTransformer, VisionTransformer
 
 if TYPE_CHECKING:
-    from converters.pipeline import FoldedSource
+    from converters.fold_and_export import FoldedSource
 
 SMALL_VIT = {"img_size": 8, "in_chans": 1, "patch_size": 2, "dim": 16, "depth": 2, "heads": 2,
              "mlp_ratio": 2.0, "num_classes": 10}  # fmt: skip
@@ -59,7 +59,7 @@ class Fp32Exports(dict):
         self.folded, self.directory = folded, directory
 
     def __missing__(self, target: str) -> Path:
-        from converters.pipeline import export_folded
+        from converters.fold_and_export import export_folded
         from quant.targets import PROFILES
 
         profile = PROFILES[target]
@@ -74,9 +74,9 @@ def example_vit_onnx(directory: Path) -> dict:
     """The bundled trained UN ViT folded, its fp32 ONNX files per target (exported on demand),
     128 training samples to calibrate and 300 test samples to evaluate with (``test``: the
     whole test split)."""
-    from converters.pipeline import load_and_fold
+    from converters.fold_and_export import load_and_fold
     from edge_un import examples
-    from quant.data import checkpoint_samples
+    from quant.samples import checkpoint_samples
 
     folded = load_and_fold(examples.path("vit-mnist-un"))
     test = checkpoint_samples(folded.info, "test")

@@ -265,14 +265,14 @@ def test_the_rules_catch_what_they_forbid(tmp_path: Path) -> None:
     sample = tmp_path / "probe.py"
     sample.write_text(
         "from service.jobs import create\n"
-        "from converters.pipeline import _one_line\n"
+        "from converters.fold_and_export import _one_line\n"
         "import tests.servers\n"
         "import service.storage as storage\n"
         "storage._private_helper()\n"
     )
     found = {(use.imported, use.name) for use in uses(sample, "quant.probe")}
     assert ("service.jobs", "create") in found
-    assert ("converters.pipeline", "_one_line") in found
+    assert ("converters.fold_and_export", "_one_line") in found
     assert ("tests.servers", None) in found
     assert ("service.storage", "_private_helper") in found
 

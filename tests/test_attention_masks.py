@@ -18,7 +18,7 @@ import transformers
 
 import edge_un
 from converters.attention_masks import MASK_PENALTY, bound_attention_masks
-from converters.pipeline import export_folded, load_and_fold
+from converters.fold_and_export import export_folded, load_and_fold
 from edge_un import examples
 
 LENGTH = 16

@@ -10,7 +10,7 @@ import pytest
 
 import edge_un
 from converters import ConversionError, OnlineNormError, export_onnx
-from converters.pipeline import convert
+from converters.fold_and_export import convert
 from edge_un import examples
 
 

@@ -10,9 +10,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quant.data import Samples
 from quant.measure.exact import constant_tensors
 from quant.measure.graph_walk import GraphWalk
+from quant.samples import Samples
 
 RNG = np.random.default_rng(0)
 

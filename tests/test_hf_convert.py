@@ -25,9 +25,9 @@ import torch
 
 import edge_un
 from edge_un import examples
-from quant.data import InputSpec, checkpoint_samples
 from quant.pipeline import convert
 from quant.report import Report
+from quant.samples import InputSpec, checkpoint_samples
 from quant.targets import TARGET_NAMES
 from quant.tflite.flatbuffer import check_full_integer, inspect_tflite
 from quant.tflite.litert import xnnpack_ops

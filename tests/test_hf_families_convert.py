@@ -30,11 +30,11 @@ import torch
 import edge_un.hf
 from converters import ConversionError
 from converters.errors import root_cause
-from converters.pipeline import FoldedSource, export_folded, load_and_fold
-from quant.data import sample_shapes
+from converters.fold_and_export import FoldedSource, export_folded, load_and_fold
 from quant.errors import one_line
 from quant.pipeline import convert
 from quant.report.summary import summary_markdown
+from quant.samples import sample_shapes
 from quant.targets import PROFILES
 from testbed import hf_families
 

@@ -17,9 +17,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from converters.pipeline import export_folded, load_and_fold
+from converters.fold_and_export import export_folded, load_and_fold
 from edge_un import examples
-from quant.data import checkpoint_samples
 from quant.host import describe_host, int8_kernels
 from quant.measure.bars import DEFAULT_MIN_AGREEMENT
 from quant.measure.drift import Drift, measure_drift, onnx_runner
@@ -27,6 +26,7 @@ from quant.measure.emulation import qemu_available, run_onnx_emulated
 from quant.ort.quantize import quantize_onnx
 from quant.ort.target import kernel_warnings
 from quant.report import Host
+from quant.samples import checkpoint_samples
 from quant.targets import PROFILES
 
 from .servers import missing

@@ -19,7 +19,6 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.calibrate import load_tensors_data
 
 from edge_un import examples
-from quant.data import Samples
 from quant.errors import RuleViolation
 from quant.measure.bars import DEFAULT_MAX_DRIFT, DEFAULT_MIN_AGREEMENT, Bars
 from quant.measure.drift import Drift, measure_drift, onnx_runner
@@ -30,6 +29,7 @@ from quant.ort.quantize import preprocess_for_quantization, preprocess_once, qua
 from quant.ort.search import TriedRecipe, kept_recipe
 from quant.ort.target import build_onnx_target
 from quant.pipeline import convert
+from quant.samples import Samples
 from quant.targets import PROFILES, TargetProfile
 from quant.targets.builder import TargetJob
 from quant.targets.rules import check_onnx_artifact

@@ -16,7 +16,6 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from converters.attention_masks import MASK_PENALTY
-from quant.data import Samples, as_feeds
 from quant.ort.pow2.record import recorded_choices, scale_choices
 from quant.ort.pow2.scales import (
     SOFTMAX_FLOOR,
@@ -29,6 +28,7 @@ from quant.ort.pow2.scales import (
     squared_error,
 )
 from quant.ort.quantize import preprocess_for_quantization, quantize_onnx
+from quant.samples import Samples, as_feeds
 from quant.targets import PROFILES, TargetProfile
 
 INT8 = np.dtype(np.int8)

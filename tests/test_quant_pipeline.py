@@ -405,9 +405,9 @@ def test_an_onnx_model_from_elsewhere_converts_with_user_data(
     """An ONNX source (no data set recorded): the user's .npz files calibrate and evaluate; each
     target gets its own opset and batch; a target that fails does not stop the others (imx8mp
     here: its TFLite converter environment is pointed at a directory that does not exist)."""
-    from converters.pipeline import export_folded, load_and_fold
-    from quant.data import checkpoint_samples
+    from converters.fold_and_export import export_folded, load_and_fold
     from quant.pipeline import convert
+    from quant.samples import checkpoint_samples
 
     folded = load_and_fold(examples.path("vit-mnist-un"))
     source = tmp_path / "foreign.onnx"
@@ -448,7 +448,7 @@ def test_convert_recalibrate_changes_only_the_norm_statistics(tmp_path: Path, on
     offline norm, is refused in one line."""
     from onnx import numpy_helper
 
-    from converters.pipeline import export_folded, load_and_fold
+    from converters.fold_and_export import export_folded, load_and_fold
     from quant.errors import QuantError
     from quant.pipeline import convert
 
@@ -471,7 +471,7 @@ def test_convert_recalibrate_changes_only_the_norm_statistics(tmp_path: Path, on
     import torch
 
     from edge_un.norms import OfflineNorm
-    from quant.data import checkpoint_samples
+    from quant.samples import checkpoint_samples
 
     model, info = edge_un.load_checkpoint(examples.path("vit-mnist-un"))
     samples = torch.from_numpy(checkpoint_samples(info, "train", recal.samples).inputs)

@@ -20,10 +20,10 @@ from rich.console import Console
 
 import edge_un
 from edge_un import examples
-from quant.data import Feeds, checkpoint_samples
 from quant.quiet_latency import retime_contended
 from quant.report import Report
 from quant.report.summary import summary_markdown
+from quant.samples import Feeds, checkpoint_samples
 from service.cli.summary import print_summary
 from service.report_html import render_report_html
 

@@ -16,7 +16,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edge_un import examples
-from quant.data import CALIBRATION_SAMPLES, Samples, checkpoint_samples
 from quant.deadline import Deadline
 from quant.measure.drift import onnx_runner
 from quant.measure.saved_tensors import SavedTensors
@@ -25,6 +24,7 @@ from quant.ort.pow2.grid import FACTORS, align_streams, significantly_lower
 from quant.ort.pow2.residual_streams import find_streams, scale_stream
 from quant.ort.quantize import quantize_onnx
 from quant.pipeline import convert
+from quant.samples import CALIBRATION_SAMPLES, Samples, checkpoint_samples
 from quant.targets import PROFILES
 from quant.targets.rules import check_onnx_artifact
 

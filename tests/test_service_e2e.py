@@ -45,7 +45,7 @@ def test_end_to_end_artifacts_verify_and_run(server, token, finished):
     import onnxruntime as ort
 
     from edge_un import load_checkpoint
-    from quant.data import checkpoint_samples
+    from quant.samples import checkpoint_samples
 
     job_id = finished["id"]
     assert finished["percent"] == 100 and finished["error"] is None

@@ -250,7 +250,7 @@ def _example_pt(tmp_path: Path) -> Path:
 
 
 def test_exported_onnx_passes(tmp_path: Path) -> None:
-    from converters.pipeline import export_folded, load_and_fold
+    from converters.fold_and_export import export_folded, load_and_fold
 
     path = tmp_path / "exported"  # no suffix: the format comes from the content
     export_folded(load_and_fold(examples.path(GOOD_MODEL)), path)

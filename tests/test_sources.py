@@ -124,7 +124,7 @@ def test_unrecorded_nodes_take_their_neighbours_module() -> None:
 
 @pytest.fixture(scope="module")
 def text_export(tmp_path_factory: pytest.TempPathFactory) -> onnx.ModelProto:
-    from converters.pipeline import export_folded, load_and_fold
+    from converters.fold_and_export import export_folded, load_and_fold
     from edge_un import examples
 
     path = tmp_path_factory.mktemp("sources") / "text.onnx"

@@ -21,13 +21,13 @@ from onnxruntime.quantization.qdq_loss_debug import (
     modify_model_output_intermediate_tensors,
 )
 
-from quant.data import Samples, as_feeds
 from quant.measure import drift, saved_tensors
 from quant.measure.drift import sqnr_of_sums, square_sums, tensor_sqnr
 from quant.ort import quantize
 from quant.ort.bias_correction import channel_means, fp32_tensors, mean_sites
 from quant.ort.pow2.scales import best_power_of_two, squared_error
 from quant.ort.quantize import SamplesReader, quantize_onnx
+from quant.samples import Samples, as_feeds
 from quant.targets import PROFILES
 
 FEATURES = 1024

@@ -22,10 +22,10 @@ import torch
 
 from converters import export_onnx, fold_norms
 from edge_un.models import TextTransformer, VisionTransformer
-from quant.data import Samples
 from quant.deadline import NO_DEADLINE, STOPPED, Deadline
 from quant.measure.bars import Bars
 from quant.measure.drift import onnx_runner
+from quant.samples import Samples
 from quant.targets import PROFILES
 from quant.targets.builder import TargetJob
 from quant.tflite import onnx2tf, toolenv

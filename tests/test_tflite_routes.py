@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from edge_un import examples
-from quant.data import Samples
 from quant.report import SUMMARY_FILE
+from quant.samples import Samples
 from quant.tflite.depthwise import depthwise_as_conv
 from quant.tflite.direct import convert_direct
 from quant.tflite.flatbuffer import check_full_integer, inspect_tflite
@@ -53,7 +53,7 @@ def test_a_torch_source_takes_the_direct_route_full_int8_and_all_on_the_npu(
 
 
 def test_an_onnx_source_takes_the_onnx2tf_route_and_says_why(tmp_path: Path) -> None:
-    from converters.pipeline import convert as export
+    from converters.fold_and_export import convert as export
     from quant.pipeline import convert
 
     onnx_file = export(examples.path("vit-mnist-un"), tmp_path / "fp32").onnx_path
@@ -68,14 +68,14 @@ def test_an_onnx_source_takes_the_onnx2tf_route_and_says_why(tmp_path: Path) -> 
 
 
 def _folded():
-    from converters.pipeline import load_and_fold
+    from converters.fold_and_export import load_and_fold
 
     return load_and_fold(examples.path("vit-mnist-un"))
 
 
 def _split_npz(tmp_path: Path, split: str) -> Path:
-    from quant.data import checkpoint_samples
     from quant.prepare import input_specs
+    from quant.samples import checkpoint_samples
 
     folded = _folded()
     count = 256 if split == "train" else None
@@ -174,8 +174,8 @@ def test_a_boolean_sdpa_mask_becomes_a_bounded_additive_one() -> None:
     import torch
 
     from converters.attention_masks import MASK_PENALTY
+    from converters.fold_and_export import load_and_fold
     from converters.fx_attention_masks import bound_program_masks
-    from converters.pipeline import load_and_fold
 
     folded = load_and_fold(examples.path("hf-bert-rt-un"))
     example = tuple(a[:2] for a in folded.example)
@@ -193,8 +193,8 @@ def test_a_mask_that_masks_nothing_is_dropped() -> None:
     leaves to the Cortex-A; it is computed here and, masking nothing, dropped."""
     import torch
 
+    from converters.fold_and_export import load_and_fold
     from converters.fx_attention_masks import bound_program_masks
-    from converters.pipeline import load_and_fold
 
     folded = load_and_fold(examples.path("hf-vit-mnist-un"))
     example = tuple(a[:2] for a in folded.example)
@@ -217,8 +217,8 @@ def test_a_users_program_of_a_text_model_takes_the_direct_route(tmp_path: Path) 
     import torch
 
     import edge_un
-    from quant.data import InputSpec, checkpoint_samples
     from quant.pipeline import convert
+    from quant.samples import InputSpec, checkpoint_samples
 
     model, info = edge_un.load_pretrained(examples.path("hf-bert-rt-un"))
     length = info.metadata["preprocessing"]["tokenizer"]["max_len"]

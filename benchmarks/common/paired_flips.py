@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import binomtest
 
-from converters.pipeline import load_and_fold
-from quant.data import checkpoint_samples
+from converters.fold_and_export import load_and_fold
 from quant.measure.drift import onnx_runner
 from quant.prepare import input_specs
 from quant.report import REPORT_FILE, Report
+from quant.samples import checkpoint_samples
 from quant.tflite.litert import run_tflite
 
 

@@ -33,7 +33,7 @@ import onnx
 
 import edge_un
 from benchmarks.common.results import benchmark_main, git_commit, save_figure
-from converters.pipeline import export_folded, load_and_fold
+from converters.fold_and_export import export_folded, load_and_fold
 from quant.host import describe_host
 from testbed.attention_forms import FORMS, MASK_FORMS, convert_in_form
 from testbed.unrounded import cpu_rewrites_gap

@@ -42,11 +42,11 @@ import torch
 
 import edge_un
 from benchmarks.common.results import RESULTS, benchmark_main, save_figure
-from converters.pipeline import load_and_fold
+from converters.fold_and_export import load_and_fold
 from edge_un import examples
-from quant.data import checkpoint_samples
 from quant.pipeline import convert
 from quant.prepare import input_specs
+from quant.samples import checkpoint_samples
 from quant.targets import TARGET_NAMES
 from testbed.authors_un import in_authors_layout, with_in_place_embeddings
 

@@ -27,15 +27,15 @@ from onnxruntime.quantization import (
 )
 
 from benchmarks.common.results import RESULTS
-from converters.pipeline import export_folded, load_and_fold
+from converters.fold_and_export import export_folded, load_and_fold
 from edge_un import examples
-from quant.data import checkpoint_samples
 from quant.host import describe_host
 from quant.measure.drift import measure_drift, onnx_runner, tensor_sqnr
 from quant.ort.pow2.grid import align_streams
 from quant.ort.pow2.record import recorded_choices
 from quant.ort.quantize import SamplesReader, quantize_onnx
 from quant.report import power_of_two_counts
+from quant.samples import checkpoint_samples
 from quant.targets import PROFILES
 
 MODELS = ("vit-mnist-un", "vit-mnist-ln", "text-rt-un", "text-rt-ln")

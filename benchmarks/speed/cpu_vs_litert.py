@@ -52,10 +52,10 @@ from benchmarks.speed.hf_scale import CALIBRATION, MODELS
 from benchmarks.speed.ort_speed import WORK as PROFILES_DIR
 from benchmarks.speed.ort_speed import feed, op_profile, session
 from edge_un.hf.record import save_pretrained
-from quant.data import Samples
 from quant.host import describe_host
 from quant.ort.quantize import quantize_onnx
 from quant.report import Host
+from quant.samples import Samples
 from quant.targets import PROFILES
 from quant.tflite.litert import sample_runner
 

@@ -10,8 +10,8 @@ A run of only some pairs, or without the pipeline stages, or ``--quick``, writes
 
 Models: ViT-Tiny (224x224 RGB, patch 16, dim 192, depth 12, heads 3, random weights: timing
 only) as an LN twin and a UN model, and the bundled examples vit-mnist-ln/-un, text-rt-ln/-un.
-Artifacts are made with the project's own code: ``converters.pipeline`` (fold, export at opset
-21 with a dynamic batch for ONNX Runtime, opset 20 batch 1 for TFLite), ``quant.ort.quantize``
+Artifacts are made with the project's own code: ``converters.fold_and_export`` (fold, export at
+opset 21 with a dynamic batch for ONNX Runtime, opset 20 batch 1 for TFLite), ``quant.ort.quantize``
 (the ``cpu`` target's settings: QDQ, per-channel s8 weights, u8 activations, MinMax),
 ``quant.tflite.onnx2tf.convert_tflite`` (onnx2tf + TensorFlow's converter, full int8 and its fp32
 file) and ``quant.tflite.vela`` (imx93's Ethos-U65-256 config).
@@ -45,13 +45,13 @@ import edge_un
 from benchmarks.common.results import RESULTS, ROOT
 from benchmarks.speed.latency_ops import PEAK_SIZE, count_macs, peak_graphs
 from benchmarks.speed.latency_report import write_report
-from converters.pipeline import export_folded, load_and_fold
+from converters.fold_and_export import export_folded, load_and_fold
 from edge_un import examples
 from edge_un.models import VisionTransformer
-from quant.data import CALIBRATION_SAMPLES, Samples, as_feeds, checkpoint_samples
 from quant.host import describe_host
 from quant.measure.latency import thread_counts
 from quant.ort.quantize import quantize_onnx
+from quant.samples import CALIBRATION_SAMPLES, Samples, as_feeds, checkpoint_samples
 from quant.targets import PROFILES
 from quant.tflite.onnx2tf import convert_tflite
 from quant.tflite.vela import compile_vela

@@ -47,15 +47,15 @@ from benchmarks.speed.latency import interleaved as probe_rounds
 from benchmarks.speed.latency_ops import count_macs, peak_graphs
 from benchmarks.speed.ort_speed_report import markdown, plot, summary
 from converters.attention_masks import bound_attention_masks
-from converters.pipeline import export_folded, load_and_fold
+from converters.fold_and_export import export_folded, load_and_fold
 from edge_un import examples
-from quant.data import CALIBRATION_SAMPLES, Feeds, Samples, as_feeds, checkpoint_samples
 from quant.host import describe_host
 from quant.measure.bars import DEFAULT_BARS
 from quant.measure.drift import measure_drift, onnx_runner
 from quant.measure.emulation import NON_VNNI_CPU, QEMU, qemu_available
 from quant.ort.quantize import quantize_onnx
 from quant.prepare import input_specs
+from quant.samples import CALIBRATION_SAMPLES, Feeds, Samples, as_feeds, checkpoint_samples
 from quant.targets import PROFILES, TargetProfile
 
 NAME = "ort_speed"

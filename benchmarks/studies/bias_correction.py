@@ -33,12 +33,12 @@ import onnx
 
 from benchmarks.common.results import benchmark_main, save_figure
 from converters.attention_masks import bound_attention_masks
-from converters.pipeline import export_folded, load_and_fold
+from converters.fold_and_export import export_folded, load_and_fold
 from edge_un import examples
-from quant.data import CALIBRATION_SAMPLES, checkpoint_samples
 from quant.measure.drift import measure_drift, onnx_runner
 from quant.ort.quantize import quantize_onnx
 from quant.prepare import input_specs
+from quant.samples import CALIBRATION_SAMPLES, checkpoint_samples
 from quant.targets import PROFILES
 
 NAME = "bias_correction"

@@ -8,7 +8,7 @@ Issue 34 asks for a margin above the bar (agreement >= 99.3 %). This measures th
 margin sits in. Each bundled example below is converted by the pipeline (``quant.convert``)
 ``DRAWS`` times for cpu, imx93 and tda4vm, each time calibrated on a different random
 ``CALIBRATION_SAMPLES`` of its training split, handed over as a user's calibration ``.npz``
-(``--calib``). Draw 0 is the pipeline's own draw (``quant.data.CALIBRATION_SEED``). Nothing else
+(``--calib``). Draw 0 is the pipeline's own draw (``quant.samples.CALIBRATION_SEED``). Nothing else
 changes between draws: the model, the recipes, the held-out test split the figures come from.
 
 Figures are the report's pure int8 file in its arithmetic (exact for the ONNX targets, LiteRT
@@ -35,13 +35,13 @@ import numpy as np
 
 from benchmarks.common.results import RESULTS, benchmark_main, git_commit, save_figure
 from benchmarks.training.hf_migrate import MARGIN
-from converters.pipeline import FoldedSource, load_and_fold
+from converters.fold_and_export import FoldedSource, load_and_fold
 from edge_un import examples
-from quant.data import CALIBRATION_SAMPLES, CALIBRATION_SEED, checkpoint_samples
 from quant.host import describe_host
 from quant.pipeline import convert
 from quant.prepare import input_specs
 from quant.report import Host
+from quant.samples import CALIBRATION_SAMPLES, CALIBRATION_SEED, checkpoint_samples
 
 NAME = "calibration_draws"
 MODELS = ("hf-bert-rt-un", "text-rt-un", "hf-vit-mnist-un")

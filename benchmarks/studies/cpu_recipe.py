@@ -40,15 +40,15 @@ import torch
 
 import edge_un
 from benchmarks.common.results import benchmark_main, save_figure
-from converters.pipeline import export_folded, load_and_fold
+from converters.fold_and_export import export_folded, load_and_fold
 from edge_un import examples
 from edge_un.models import VisionTransformer
-from quant.data import Samples, as_feeds, checkpoint_samples
 from quant.host import VNNI, describe_host
 from quant.measure.bars import DEFAULT_MIN_AGREEMENT
 from quant.measure.drift import measure_drift, onnx_runner
 from quant.measure.emulation import qemu_available, run_onnx_emulated
 from quant.ort.quantize import quantize_onnx
+from quant.samples import Samples, as_feeds, checkpoint_samples
 from quant.targets import PROFILES, TargetProfile
 
 NAME = "cpu_recipe"

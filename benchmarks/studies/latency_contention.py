@@ -46,8 +46,8 @@ def load_loop(model: str, inputs: str) -> None:
     as a build's drift and bias-correction passes run it; says ``ready`` once running."""
     import onnxruntime as ort
 
-    from quant.data import Samples, feed_for
     from quant.measure.ort_options import computing_options
+    from quant.samples import Samples, feed_for
 
     session = ort.InferenceSession(
         model, computing_options(optimize=False), providers=["CPUExecutionProvider"]
@@ -86,8 +86,8 @@ def _files(work: Path) -> list[dict[str, Any]]:
     import edge_un
     from benchmarks.speed import hf_scale
     from edge_un import examples
-    from quant.data import checkpoint_samples
     from quant.pipeline import convert
+    from quant.samples import checkpoint_samples
 
     work.mkdir(parents=True, exist_ok=True)
     vit_inputs, bert_inputs = work / "vit-inputs.npz", work / "bert-inputs.npz"

@@ -35,7 +35,7 @@ import numpy as np
 
 from benchmarks.common.results import ROOT, benchmark_main, save_figure
 from benchmarks.speed.latency import model_files
-from converters.pipeline import export_folded, load_and_fold
+from converters.fold_and_export import export_folded, load_and_fold
 from quant.host import describe_host
 from quant.tflite.litert import run_tflite, sample_runner, xnnpack_ops
 from quant.tflite.onnx2tf import convert_tflite

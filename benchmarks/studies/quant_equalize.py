@@ -41,11 +41,11 @@ import torch
 from onnx import helper, numpy_helper
 
 from benchmarks.common.results import RESULTS
-from converters.pipeline import export_folded, load_and_fold
+from converters.fold_and_export import export_folded, load_and_fold
 from edge_un import examples
-from quant.data import Samples, checkpoint_samples
 from quant.measure.drift import measure_drift, onnx_runner, sqnr_db
 from quant.ort.quantize import quantize_onnx
+from quant.samples import Samples, checkpoint_samples
 from quant.targets import PROFILES
 
 OLD_VIT = Path(os.environ.get("EDGE_UN_OLD_VIT", "/tmp/vit-mnist-un.old.safetensors"))

@@ -3,7 +3,7 @@
     python -m benchmarks.training.int8_ort CHECKPOINT ...   # one JSON line per checkpoint
 
 The measurement used by benchmarks.training.finetune: fold and export the checkpoint
-(``converters.pipeline.convert``, opset 18), then the product's quantizer
+(``converters.fold_and_export.convert``, opset 18), then the product's quantizer
 (``quant.ort.quantize.quantize_onnx``) with ``PROFILE``: QDQ, per-channel symmetric int8 weights,
 symmetric int8 activations, MinMax calibration on the first 256 samples of the checkpoint's
 training split, no 16-bit tensor; evaluated on its 1000-sample test split against the fp32 ONNX
@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import edge_un
-from converters.pipeline import convert
+from converters.fold_and_export import convert
 from edge_un import data as edge_data
-from quant.data import Samples, as_feeds
 from quant.measure.drift import measure_drift, onnx_runner
 from quant.ort.quantize import quantize_onnx
+from quant.samples import Samples, as_feeds
 from quant.targets import PROFILES
 
 CALIBRATION_SAMPLES = 256

@@ -21,8 +21,8 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.quantization.qdq_loss_debug import create_activation_matching
 
-from ..data import Samples, as_feeds, feed_for, padded
 from ..deadline import check
+from ..samples import Samples, as_feeds, feed_for, padded
 from .bars import Bars
 from .exact import exact_session, with_constants_computed
 from .graph_walk import static_batch

@@ -22,7 +22,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from ..data import Samples, feed_for
+from ..samples import Samples, feed_for
 from .exact import computed_constants, constant_tensors, exact_session, reads
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..data import as_feeds, feed_for
+from ..samples import as_feeds, feed_for
 from .host_load import HostLoad
 
 WARMUP = 10

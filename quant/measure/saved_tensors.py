@@ -15,7 +15,7 @@ from onnxruntime.quantization.qdq_loss_debug import (
     modify_model_output_intermediate_tensors,
 )
 
-from ..data import Feeds, feed_for
+from ..samples import Feeds, feed_for
 from .graph_walk import static_batch
 from .ort_options import computing_options
 

@@ -31,10 +31,10 @@ import onnxruntime as ort
 from onnx import numpy_helper
 from onnxruntime.quantization.quant_utils import QUANT_INPUT_SUFFIX
 
-from ..data import Samples, feed_for
 from ..deadline import check as check_deadline
 from ..measure.graph_walk import GraphWalk, static_batch
 from ..measure.ort_options import computing_options
+from ..samples import Samples, feed_for
 
 BATCH = 32  # samples per run for a model without a fixed batch
 

@@ -34,10 +34,10 @@ from onnxruntime.quantization import (
 )
 from onnxruntime.quantization.calibrate import load_tensors_data
 
-from ..data import Samples, feed_for
 from ..deadline import check as check_deadline
 from ..measure.graph_walk import graph_input_names, static_batch
 from ..measure.saved_tensors import SavedTensors, stream_batch
+from ..samples import Samples, feed_for
 from ..targets.profiles import TargetProfile
 from .bias_correction import (
     ChannelSums,

@@ -8,9 +8,9 @@ from typing import Protocol
 
 import numpy as np
 
-from ..data import Samples
 from ..deadline import NO_DEADLINE, Deadline
 from ..measure.bars import Bars
+from ..samples import Samples
 from .profiles import TargetProfile
 
 __all__ = ["StageCallback", "TargetJob", "TargetSettings"]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import Samples
+from ..samples import Samples
 from . import toolenv
 from .depthwise import depthwise_as_conv
 from .embedding import quantize_embedding_tables

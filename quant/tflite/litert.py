@@ -22,10 +22,10 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-from ..data import Feeds, as_feeds
 from ..deadline import check
 from ..measure.drift import Inputs, sqnr_db, sqnr_of_sums, sqnr_sample_count, square_sums
 from ..measure.latency import Timing, time_calls
+from ..samples import Feeds, as_feeds
 
 SQNR_SAMPLES = 32
 _KERAS_PREFIX = re.compile(r"^model(_\d+)?/")

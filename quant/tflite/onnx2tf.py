@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..data import as_feeds, feed_for
 from ..measure.drift import Inputs
+from ..samples import as_feeds, feed_for
 from . import toolenv
 from .litert import run_tflite
 from .onnx2tf_log import parse_tensor_map

@@ -216,7 +216,7 @@ def export(
 ) -> int:
     """Fold the norms into the weights and export one checked fp32 ONNX model."""
     _check_writable(Path(out))
-    from converters.pipeline import convert as run_export
+    from converters.fold_and_export import convert as run_export
 
     with output.stage_progress("export") as progress:
         result = run_export(

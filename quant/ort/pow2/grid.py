@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ...data import Samples
 from ...deadline import NO_DEADLINE, Deadline
 from ...measure.drift import onnx_runner
+from ...samples import Samples
 from ..multiply_adds import multiply_adds_per_sample
 from .residual_streams import ResidualStream, find_streams, scale_stream
 

@@ -202,8 +202,8 @@ def inspect_npz(
     ('inputs' for a one-input model), batch first, and optional integer 'labels'. With the
     model's ``inputs`` (when its file says them without running anything) the arrays' names
     are checked against them here; shapes against the model are checked when the job runs."""
-    from quant.data import MIN_CALIBRATION_SAMPLES, MIN_EVALUATION_SAMPLES, load_npz
     from quant.errors import DataFileError
+    from quant.samples import MIN_CALIBRATION_SAMPLES, MIN_EVALUATION_SAMPLES, load_npz
 
     kind = sniff.sniff(path)
     redo = "write one with numpy.savez(path, <input name>=..., labels=...)"
@@ -251,7 +251,7 @@ def _input_specs(
     """The InputSpecs the file's own array headers declare, one per array but 'labels' (so
     only the data is checked here), named as the model's ``inputs`` when they are known: each
     input needs its array ('inputs' will do for a one-input model), and no other is allowed."""
-    from quant.data import LABELS_NAME, SINGLE_INPUT_NAME
+    from quant.samples import LABELS_NAME, SINGLE_INPUT_NAME
 
     arrays = [n.removesuffix(".npy") for n in names if n.endswith(".npy")]
     data = [name for name in arrays if name != LABELS_NAME]
@@ -286,7 +286,7 @@ def _input_specs(
 def _header_spec(path: Path, name: str, field: str, redo: str, input_name: str = "") -> Any:
     import zipfile
 
-    from quant.data import InputSpec
+    from quant.samples import InputSpec
 
     try:
         with zipfile.ZipFile(path) as archive, archive.open(f"{name}.npy") as stream:

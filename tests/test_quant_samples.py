@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quant.data import InputSpec, dataset_feeds, load_npz
 from quant.errors import DataFileError
+from quant.samples import InputSpec, dataset_feeds, load_npz
 
 IMAGE = InputSpec("images", (1, 28, 28), "float32")
 TOKENS = InputSpec("token_ids", (16,), "int64")
