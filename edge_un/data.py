@@ -315,21 +315,36 @@ def load_raw(name: str) -> tuple[Any, np.ndarray]:
 
 
 def load_dataset(
-    name: str, seed: int = SPLIT_SEED, tokenizer: Mapping[str, Any] | None = None, pad: int = 0
+    name: str,
+    seed: int = SPLIT_SEED,
+    tokenizer: Mapping[str, Any] | None = None,
+    pad: int = 0,
+    max_len: int | None = None,
 ) -> Dataset:
     """Load ``name`` ("mnist", "digits" or "rt"), split it with ``seed`` and preprocess it.
 
     For text the tokenizer is fitted on the training part only, unless one is given (a
-    checkpoint's, so that a trained model sees the ids it was trained with). ``pad``: images
-    padded with that many background pixels on every side (see :func:`image_preprocessing`).
+    checkpoint's, so that a trained model sees the ids it was trained with); ``max_len``: the
+    fitted tokenizer's sequence length (default 48). ``pad``: images padded with that many
+    background pixels on every side (see :func:`image_preprocessing`).
     """
     if pad < 0 or (pad and name == "rt"):
         raise InputError(f"pad is a non-negative number of pixels around images, not {pad}")
+    if max_len is not None and (name != "rt" or tokenizer is not None or max_len < 1):
+        raise InputError(
+            f"max_len ({max_len}) is a positive sequence length for the tokenizer fitted on "
+            "text, not for images or a given tokenizer"
+        )
     raw, labels = load_raw(name)
     split = make_split(labels, seed=seed)
     if name == "rt":
         train_texts = [raw[i] for i in split.train]
-        fitted = WordTokenizer.from_dict(tokenizer) if tokenizer else WordTokenizer.fit(train_texts)
+        if tokenizer:
+            fitted = WordTokenizer.from_dict(tokenizer)
+        elif max_len is not None:
+            fitted = WordTokenizer.fit(train_texts, max_len=max_len)
+        else:
+            fitted = WordTokenizer.fit(train_texts)
         preprocessing = text_preprocessing(fitted)
     else:
         preprocessing = image_preprocessing(name, raw[split.train], pad)

@@ -98,6 +98,21 @@ def test_tokenizer_fitted_on_train_only_and_round_trips() -> None:
     assert torch.equal(prepare([texts[i] for i in rows]), dataset.inputs["test"][:20])
 
 
+def test_a_shorter_sequence_length_is_the_same_ids_cut_and_recorded() -> None:
+    """``max_len`` (a BERT-base trained on 24 tokens): the tokenizer fitted on the same words
+    gives the first ids of each sentence, and a checkpoint's record gives the split again."""
+    full, short = data.load_dataset("rt"), data.load_dataset("rt", max_len=24)
+    assert short.preprocessing["tokenizer"]["max_len"] == 24
+    assert short.preprocessing["input_shape"] == [24]
+    assert torch.equal(short.part("test")[0], full.part("test")[0][:, :24])
+    record = {"dataset": "rt", "split": short.split, "preprocessing": short.preprocessing}
+    assert torch.equal(data.checkpoint_split(record, "test")[0], short.part("test")[0])
+    given = full.preprocessing["tokenizer"]
+    for refused in ({"name": "mnist"}, {"name": "rt", "tokenizer": given}):
+        with pytest.raises(ValueError, match=r"max_len \(24\) is a positive sequence length"):
+            data.load_dataset(**{**refused, "max_len": 24})
+
+
 def test_image_preprocessor_matches_dataset() -> None:
     dataset = data.load_dataset("mnist")
     images, _ = data.load_mnist_raw()

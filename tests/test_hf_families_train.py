@@ -356,3 +356,40 @@ def test_the_builder_trains_a_swin_on_mnist_framed_to_32_pixels(tmp_path: Path) 
     assert info.metadata["model_inputs"] == {
         "pixel_values": "the preprocessed images, float32 (N, 1, 32, 32)"
     }
+
+
+def test_progressive_stacking_doubles_a_bert_that_saves_as_a_deeper_one(tmp_path: Path) -> None:
+    """``make_hf_examples.stack_encoder`` (how the BERT-base teacher grows 3 -> 6 -> 12 layers):
+    the copies are new parameters, their cache indices follow their place, and the grown model
+    is saved and read back as a model of the new depth that computes the same logits."""
+    import torch
+    import transformers
+
+    from tools.make_hf_examples import STAGES, recipe_for, stack_encoder, stage_schedules
+
+    config = transformers.BertConfig(
+        vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=8, num_labels=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    net = transformers.BertForSequenceClassification(config).eval()
+    stack_encoder(net)
+    layers = net.bert.encoder.layer
+    assert len(layers) == net.config.num_hidden_layers == 4
+    assert [layer.attention.self.layer_idx for layer in layers] == [0, 1, 2, 3]
+    assert torch.equal(layers[2].output.dense.weight, layers[0].output.dense.weight)
+    assert layers[2].output.dense.weight is not layers[0].output.dense.weight
+    ids = torch.randint(1, 40, (3, 8))
+    edge_un.save_pretrained(net, tmp_path / "grown", metadata={})
+    reloaded, _ = edge_un.load_pretrained(tmp_path / "grown")
+    assert len(reloaded.bert.encoder.layer) == 4
+    with torch.no_grad():
+        assert torch.allclose(reloaded(input_ids=ids).logits, net(input_ids=ids).logits)
+    # each stage: its depth, epochs and rate; the preset's batch and warm-up fraction
+    schedules = stage_schedules("bert-base", recipe_for("bert-base", None, None, None), seed=0)
+    assert [(layers, s.epochs, s.lr) for layers, s in schedules] == [
+        (stage.layers, stage.epochs, stage.lr) for stage in STAGES["bert-base"]
+    ]
+    assert {s.batch_size for _, s in schedules} == {32} and schedules[-1][0] == 12
+    one_stage = stage_schedules("bert", recipe_for("bert", None, None, None), seed=0)
+    assert [layers for layers, _ in one_stage] == [None]
