@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import quant.measure.exact as exact
-from quant.measure.drift import onnx_runner
+from quant.measure.drift import exact_workers, onnx_runner
 
 RNG = np.random.default_rng(0)
 HIDDEN = 768  # a BERT-base Linear: long enough sums that the GEMM kernel's order shows
@@ -85,6 +85,23 @@ def test_constants_computed_once_give_the_same_outputs_bit_for_bit(tmp_path: Pat
     outputs = onnx_runner(path, exact=True)(x)
     np.testing.assert_array_equal(outputs, expected)
     assert outputs.tobytes() == expected.tobytes()
+
+
+def test_a_batch_one_file_runs_its_calls_side_by_side_in_order(tmp_path: Path) -> None:
+    """A file of a fixed batch of 1 (tda4vm's) runs as many one-sample calls at once as it has
+    threads, each on one thread; the outputs come back in the samples' order, the same bit for
+    bit, the last odd sample included. A dynamic batch keeps one call on every thread."""
+    model = qdq_linear()
+    assert exact_workers(model, threads=2) == (2, 1)
+    assert exact_workers(model, threads=1) == (1, 1)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    assert exact_workers(model, threads=2) == (1, 2)
+
+    path = tmp_path / "qdq.onnx"
+    onnx.save_model(qdq_linear(), str(path))
+    x = RNG.standard_normal((7, HIDDEN)).astype(np.float32)
+    outputs = onnx_runner(path, threads=2, exact=True)(x)
+    assert outputs.tobytes() == as_written(path, x).tobytes()
 
 
 def test_the_gemm_kernel_would_pack_a_constant_weight_and_sum_in_another_order(

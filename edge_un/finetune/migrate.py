@@ -24,8 +24,11 @@ from .recalibrate import RecalibrationReport, recalibrate
 
 # A student that agrees with its teacher on this share of the validation samples right after the
 # swap is nearly intact: it needs polishing at a fine-tuning learning rate, not the retraining
-# rate that a swap which broke the model needs (measured: docs/guides/hugging-face.md).
-INTACT_AGREEMENT = 0.9
+# rate that a swap which broke the model needs (measured: docs/guides/hugging-face.md). The
+# swaps measured: a pre-norm ViT 23 % (retrained), post-norm BERTs 94 % and, at BERT-base size,
+# 85 %: one epoch at the retraining rate (2e-3) took that one to 62 % agreement, at the polishing
+# rate (2e-4) to 93 % and 75.1 % test accuracy (its teacher 74.2 %). So 0.8, not 0.9.
+INTACT_AGREEMENT = 0.8
 
 
 class NothingToMigrateError(InputError):

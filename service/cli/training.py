@@ -46,7 +46,7 @@ Lr = Annotated[
     float | None,
     typer.Option(
         help="Peak learning rate. Default: migrate 1e-3, finetune 5e-4 (Hugging Face models: "
-        "migrate 2e-3, or 2e-4 when the swapped model still agrees with its teacher on >= 90 % "
+        "migrate 2e-3, or 2e-4 when the swapped model still agrees with its teacher on >= 80 % "
         "of the validation samples, keeping the epoch that agrees best; finetune 5e-4)."
     ),
 ]
