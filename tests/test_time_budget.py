@@ -10,19 +10,21 @@ import hashlib
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
 from edge_un import examples
 from quant.deadline import NO_DEADLINE, STOPPED, Deadline, SearchStopped, watching
 from quant.measure.bars import Bars
-from quant.measure.drift import measure_drift, onnx_runner
+from quant.measure.drift import Drift, measure_drift, onnx_runner
 from quant.ort.bias_correction import correct_biases
 from quant.ort.quantize import preprocess_once, quantize_onnx
 from quant.ort.target import build_onnx_target
 from quant.pipeline import convert
 from quant.targets import PROFILES, TargetProfile
 from quant.targets.builder import TargetJob
+from quant.tflite.mixed import MixedResult
 
 from .deadlines import StartsButCannotRun
 
@@ -159,3 +161,51 @@ def test_a_step_cut_short_ships_the_last_file_measured(
     (stopped,) = [w for w in result.warnings if w.startswith(STOPPED)]
     step = "int8 recipe 2" if search == "int8 ladder" else "4 tensors to int16"
     assert f"{step} was stopped part way" in stopped
+
+
+def test_a_per_op_int16_step_the_deadline_reaches_stops_part_way_and_keeps_the_pure_file(
+    tmp_path: Path,
+) -> None:
+    """imx93's per-op fallback (``quant.tflite.mixed``): a step that has time to start but whose
+    drift pass runs into what must stay for the checks after the ladder is stopped part way; the
+    pure int8 file ships and no wider fallback starts. With time, the same ladder measures its
+    steps (the control: what stopped it was the deadline)."""
+    from converters.fold_and_export import load_and_fold
+    from quant.prepare import tflite_program
+    from quant.samples import Samples
+    from quant.tflite.direct import convert_direct
+    from quant.tflite.litert import run_tflite
+    from quant.tflite.mixed import mixed_ladder
+
+    imx93 = PROFILES["imx93"]
+    program, why = tflite_program(load_and_fold(examples.path("vit-mnist-un")), [imx93], tmp_path)
+    assert program is not None, why
+    images = {"images": np.random.default_rng(0).random((16, 1, 28, 28), dtype=np.float32)}
+    samples = Samples(images, None, "random")
+    converted = convert_direct(program, samples, tmp_path / "work")
+    reference = run_tflite(converted.float32, images)
+
+    def measure(path: Path) -> Drift:
+        return measure_drift(reference, run_tflite(path, images), None)
+
+    pure = measure(converted.int8)
+
+    def ladder(deadline: Deadline) -> tuple[MixedResult, list[str]]:
+        job = TargetJob(
+            profile=imx93, bars=Bars(0.0, 1.01), fp32_path=tmp_path / "unused.onnx",
+            target_dir=tmp_path, out_dir=tmp_path, latency_runs=2, calibration=samples,
+            evaluation=samples, reference=reference,
+            stage=lambda name, fraction, detail=None: None, deadline=deadline,
+        )  # fmt: skip
+        stopped: list[str] = []
+        return mixed_ladder(converted, converted.int8, job, pure, measure, stopped, 5.0), stopped
+
+    cut, stopped = ladder(StartsButCannotRun(time.time() + 3600))
+    assert cut.out_of_time and cut.file is None and cut.steps == [] and cut.drift == pure
+    (note,) = stopped
+    assert "after 0 per-op fallback step(s): the step of 4 ops was stopped part way" in note
+    assert "~5 s for the checks after it" in note and "best measured so far" in note
+
+    timed, stopped = ladder(Deadline(time.time() + 3600))
+    assert not timed.out_of_time and len(timed.steps) >= 2 and timed.steps[0].tensors
+    assert not any("stopped part way" in note for note in stopped)

@@ -14,7 +14,10 @@ whose grid is too coarse (a residual stream's outliers, a softmax's tail).
 
 How many (``quant.targets.fallback_ladder``): the same steps as the cpu target's, 4, all, then the
 doubling between; each step a requantization of the same float file with the same ranges, then
-a drift pass in LiteRT.
+a drift pass in LiteRT, watched (``quant.deadline``): LiteRT runs an int16 op on its reference
+kernels, so a step that widens more ops can run many times longer than the one before it (the
+trained BERT-base's imx93 build ran its job past the service's timeout before steps were
+watched). A step the deadline reaches is stopped part way, and the best file so far ships.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..deadline import SearchStopped, cut_note, watching
 from ..measure.drift import SQNR_SAMPLES, Drift, Inputs, sqnr_of_sums
 from ..report import schema
 from ..targets.builder import TargetJob
@@ -106,11 +110,13 @@ MIXED_NAME = "model_mixed.tflite"
 @dataclass(frozen=True)
 class MixedResult:
     """The file the ladder ships (``MIXED_NAME``, or None when none beat the pure int8 one),
-    its drift, and every step it measured as the report's exclusions."""
+    its drift, every step it measured as the report's exclusions, and whether the deadline
+    ended it (then no wider fallback starts either)."""
 
     file: Path | None
     drift: Drift
     steps: list[schema.Exclusion]
+    out_of_time: bool = False
 
 
 def mixed_ladder(
@@ -120,11 +126,13 @@ def mixed_ladder(
     pure: Drift,
     measure: Callable[[Path], Drift],
     stopped: list[str],
+    finish_s: float,
 ) -> MixedResult:
     """Widen the most sensitive candidates of ``int8`` in the ladder's steps until a file is
     within the bars; the file closest to them ships (``ships_before``), the pure one included.
-    Each step is a requantization and a drift pass (``measure``); the search stops, with a
-    note in ``stopped``, when the next step would not end before the deadline."""
+    Each step is a requantization and a drift pass (``measure``), watched so that ``finish_s``
+    (what the build runs after the ladder) is left; the search stops, with a note in
+    ``stopped``, before a step that would not end in time, or part way through one."""
     bars, profile = job.bars, job.profile
     ops = candidates(int8, profile.int8_input_ops)
     job.stage("fallback", 0.47, f"ranking {len(ops)} ops by their own int8 error")
@@ -136,18 +144,27 @@ def mixed_ladder(
     step_s = 0.0
     out = job.target_dir / MIXED_NAME
     trial = converted.work_dir / f"trial_{MIXED_NAME}"
+    out_of_time = False
     for size in fallback_sizes(len(order)):
-        if step_s and not job.deadline.allows(step_s, step_s):
+        if not job.deadline.allows(step_s, finish_s):
             stopped.append(
                 f"the per-op int16 fallback stopped after {len(steps)} step(s): the next one "
                 f"({size} ops) would not end in the time left"
             )
+            out_of_time = True
             break
         started = time.monotonic()
         job.stage("fallback", 0.48, f"{size} ops to int16")
         widened = tuple(order[:size])
-        requantize(converted, trial, int16=widened)
-        drift = measure(trial)
+        try:
+            with watching(job.deadline.less(finish_s)):
+                requantize(converted, trial, int16=widened)
+                drift = measure(trial)
+        except SearchStopped:
+            done, step = f"{len(steps)} per-op fallback step(s)", f"the step of {size} ops"
+            stopped.append(cut_note(done, step, finish_s))
+            out_of_time = True
+            break
         step_s = time.monotonic() - started
         steps.append(
             schema.Exclusion(
@@ -168,4 +185,4 @@ def mixed_ladder(
             stopped.append(ceiling_note(size, drift))
             break
     trial.unlink(missing_ok=True)
-    return MixedResult(best_file, best, steps)
+    return MixedResult(best_file, best, steps, out_of_time)

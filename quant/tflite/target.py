@@ -104,18 +104,20 @@ def build_tflite_target(job: TargetJob) -> schema.TargetResult:
     # what the build runs after a wider file's own runs: about a conversion and a drift pass
     step_s = converted.quantize_s + time.monotonic() - started
     shipped, drift, excluded, vela_pure, stopped = int8, pure, [], None, []
+    out_of_time = False  # the per-op fallback ended for the deadline: 16x8 would cost more
     if profile.fallback == "int16_ops" and not pure.within(bars):
         if converted.direct is None:
             stopped.append("no per-op int16 fallback on the onnx2tf route: 16x8 next")
         else:
             measure = lambda path: _drift(path, job)  # noqa: E731
-            mixed = mixed_ladder(converted.direct, int8, job, pure, measure, stopped)
+            mixed = mixed_ladder(converted.direct, int8, job, pure, measure, stopped, step_s)
             excluded.extend(mixed.steps)
+            out_of_time = mixed.out_of_time
             if mixed.file is not None:
                 shipped, drift = mixed.file, mixed.drift
     wide_allowed = profile.fallback in ("int16_model", "int16_ops")
     wide_file: Path | None = None
-    wanted = wide_allowed and not drift.within(bars) and not _out_of_time(stopped)
+    wanted = wide_allowed and not drift.within(bars) and not out_of_time
     if wanted and wide_fits(converted, job, step_s, stopped):
         stage("fallback", 0.5, "16x8: every activation int16")
         wide_file = _wide(converted, job, target_dir / "model_16x8.tflite", stopped)
@@ -279,11 +281,6 @@ def _wide(converted: Converted, job: TargetJob, out: Path, stopped: list[str]) -
         stopped.append(f"no 16x8 fallback: {made.notes[-1]}")
         return None
     return _keep(made.int16x8, out)
-
-
-def _out_of_time(stopped: list[str]) -> bool:
-    """Whether the per-op fallback already stopped for the deadline (16x8 would cost more)."""
-    return any("would not end in the time left" in note for note in stopped)
 
 
 def _int16_count(shipped: Path, int8: Path) -> int:
