@@ -151,8 +151,9 @@ def exact_workers(model: onnx.ModelProto, threads: int = 0) -> tuple[int, int]:
     threads (0: the cores other work leaves, ``quant.measure.host_load.cores_left``). A file
     of a fixed batch of 1 (tda4vm's) runs one sample a call, whose unfused ops are too small to
     keep several threads busy: its calls run side by side on one thread each instead.
-    BERT-base's tda4vm file, 300 samples on 2 cores: 2 threads one call at a time 67 ms a
-    sample, 2 calls at once on 1 thread each 51 ms (``benchmarks/results/exact_pass.md``)."""
+    The trained BERT-base's tda4vm file on 2 cores: 2 threads one call at a time 58.7 ms a
+    sample, 2 calls at once on 1 thread each 48.1 ms (1.22x); the bundled examples' 2.0-2.1x
+    (``benchmarks/results/exact_pass.md``)."""
     threads = threads or cores_left()
     if static_batch(model) == 1 and threads > 1:
         return threads, 1
