@@ -51,7 +51,7 @@ def tda4vm_file(model: Path, out: Path) -> Path:
     return artifact
 
 
-def test_samples(model: Path, artifact: Path) -> Samples:
+def held_out_samples(model: Path, artifact: Path) -> Samples:
     _, info = edge_un.load_pretrained(model) if model.is_dir() else edge_un.load_checkpoint(model)
     specs = [InputSpec(i.name, tuple(i.shape), i.dtype) for i in onnx_inputs(artifact)]
     return checkpoint_samples(info, "test", specs=specs).head(SAMPLES)
@@ -69,7 +69,7 @@ def one_call_at_a_time(artifact: Path, threads: int) -> Callable[[Feeds], np.nda
 
 def measure(name: str, model: Path, out: Path, threads: int) -> dict[str, Any]:
     artifact = tda4vm_file(model, out)
-    samples = test_samples(model, artifact)
+    samples = held_out_samples(model, artifact)
     ways = {
         "one call at a time": one_call_at_a_time(artifact, threads),
         "calls side by side": onnx_runner(artifact, threads, exact=True),
@@ -83,14 +83,13 @@ def measure(name: str, model: Path, out: Path, threads: int) -> dict[str, Any]:
             seconds[way].append(time.perf_counter() - started)
         print(f"{name} {repeat + 1}/{REPEATS}: " + ", ".join(
             f"{way} {s[-1]:.1f} s" for way, s in seconds.items()), flush=True)  # fmt: skip
-    before, after = (statistics.median(s) for s in seconds.values())
+    medians = {way: statistics.median(s) for way, s in seconds.items()}
+    before, after = medians.values()
     return {
         "samples": len(samples),
         "file_mb": artifact.stat().st_size / 2**20,
         "seconds": seconds,
-        "ms_per_sample": {
-            way: 1000 * statistics.median(s) / len(samples) for way, s in seconds.items()
-        },
+        "ms_per_sample": {way: 1000 * median / len(samples) for way, median in medians.items()},
         "speedup": before / after,
         "same_logits": bool(np.array_equal(*logits.values())),
     }

@@ -24,7 +24,7 @@ import onnxruntime as ort
 from onnxruntime.quantization.qdq_loss_debug import create_activation_matching
 
 from ..deadline import check
-from ..samples import Samples, as_feeds, feed_for, padded
+from ..samples import Feeds, Samples, as_feeds, feed_for, padded
 from .bars import Bars
 from .exact import exact_session, with_constants_computed
 from .graph_walk import static_batch
@@ -130,7 +130,7 @@ def onnx_runner(path: Path, threads: int = 0, *, exact: bool = False) -> Runner:
     static = isinstance(first.shape[0], int)  # a file exported with a fixed batch runs at it
     batch = first.shape[0] if static else EVAL_BATCH
 
-    def run_batch(feeds: dict[str, np.ndarray]) -> np.ndarray:
+    def run_batch(feeds: Feeds) -> np.ndarray:
         return session.run(None, feeds)[0]
 
     def run(inputs: Inputs) -> np.ndarray:
