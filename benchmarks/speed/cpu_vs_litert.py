@@ -1,16 +1,21 @@
 """The cpu target's ONNX Runtime file against LiteRT's int8 file of the same model, at BERT-base
 and ViT-B/16 size, one thread: how far apart they are, and where the ONNX Runtime time goes.
 
-    .venv/bin/python -m benchmarks.speed.cpu_vs_litert                # ~15 min on 2 cores
+    .venv/bin/python -m benchmarks.speed.cpu_vs_litert                # ~20 min on 2 cores
+    # some models only (';'-separated), their rows replaced in the committed JSON
+    EDGE_UN_BENCH_MODELS="vit-b16, 32 x 32;bert-base, 24 tokens" \
+        .venv/bin/python -m benchmarks.speed.cpu_vs_litert
     # Markdown and plot from the JSON
     .venv/bin/python -m benchmarks.speed.cpu_vs_litert --report-only
 
 Random weights (``benchmarks.speed.hf_scale``'s BERT-base at 128 tokens and ViT-B/16 at 224 x 224,
-UN in place of LayerNorm): speed only, so each target's first recipe, pure int8 (the file a model
-within the bars ships; the bars are off). Each model is saved as a Hugging Face directory and
-converted by ``quant.convert`` for cpu and imx93 (LiteRT's file from the direct litert-torch
-route). Two earlier forms of the cpu file are quantized beside it from the same fp32 export and
-calibration samples, to say what each change of issue 67 bought:
+and both at the shapes of ``hf_scale_trained``'s rows: BERT-base at 24 tokens, ViT-B/16 on one
+channel of 32 x 32, 4 patches and the class token; UN in place of LayerNorm): speed only, so
+each target's first recipe, pure int8 (the file a model within the bars ships; bars off). Each
+model is saved as a Hugging Face directory and converted by ``quant.convert`` for cpu and imx93
+(LiteRT's file from the direct litert-torch route). Two earlier forms of the cpu file are
+quantized beside it from the same fp32 export and calibration samples, to say what each change of
+issue 67 bought:
 
 * ``before``: the recipe at c076d8d: each s8 attention operand clipped by one Clip, which ORT's
   QDQ selectors take into the K or V projection's node group and then refuse to fuse (the
@@ -30,7 +35,10 @@ sample. ORT's profiler gives each ORT file's kernel time by op type (one thread)
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -47,8 +55,8 @@ from onnx import helper
 import edge_un
 import quant
 import quant.ort.graph
-from benchmarks.common.results import ROOT, benchmark_main, git_commit, save_figure
-from benchmarks.speed.hf_scale import CALIBRATION, MODELS
+from benchmarks.common.results import RESULTS, ROOT, benchmark_main, git_commit, save_figure
+from benchmarks.speed.hf_scale import CALIBRATION, bert_base, vit_base
 from benchmarks.speed.ort_speed import WORK as PROFILES_DIR
 from benchmarks.speed.ort_speed import feed, op_profile, session
 from edge_un.hf.record import save_pretrained
@@ -64,6 +72,12 @@ ROUNDS, CALLS = 15, 3
 NO_BARS = {"max_drift": 100.0, "min_agreement": 0.0}
 FILES = ("before", "+ clip as Max, Min", "cpu", "cpu, last recipe", "imx93 (LiteRT)")
 LAST_RECIPE = PROFILES["cpu"].int8_recipes[-1]
+MODELS = {
+    "bert-base": bert_base, "vit-b16": vit_base,
+    "bert-base, 24 tokens": partial(bert_base, 24),  # hf_scale_trained's bert-base-rt
+    "vit-b16, 32 x 32": partial(vit_base, 32, 1, 10),  # hf_scale_trained's vit-b16-mnist
+}  # fmt: skip
+ONLY = [m for m in os.environ.get("EDGE_UN_BENCH_MODELS", "").split(";") if m]  # ';'-separated
 WORK = ROOT / "build" / "cpu-vs-litert"
 
 
@@ -148,11 +162,11 @@ def timed(
 
 
 def run() -> dict[str, Any]:
+    """Each model of ``MODELS`` (or of ``ONLY``) measured; the committed rows of the others kept."""
     PROFILES_DIR.mkdir(parents=True, exist_ok=True)  # ORT's profiler writes its traces there
-    results: dict[str, Any] = {"host": describe_host().model_dump(), "commit": git_commit(),
-                               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                               "models": {}}  # fmt: skip
-    for name in MODELS:
+    committed = RESULTS / f"{NAME}.json"
+    results = json.loads(committed.read_text()) if committed.exists() else {"models": {}}
+    for name in [m for m in MODELS if m in ONLY] if ONLY else MODELS:
         files = convert(name)
         evaluation = dict(np.load(WORK / name / "eval.npz"))
         p50 = timed(files, evaluation)
@@ -161,21 +175,23 @@ def run() -> dict[str, Any]:
         first = {key: value[:1] for key, value in evaluation.items() if key != "labels"}
         profiles = {key: op_profile(path, first) for key, path in files.items()
                     if path.suffix == ".onnx"}  # fmt: skip
-        results["models"][name] = {"p50_ms": p50, "p50_ms_2_threads": p50_two_threads,
-                                   "op_ms": profiles}  # fmt: skip
+        results["models"][name] = {
+            "host": describe_host().model_dump(), "commit": git_commit(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "p50_ms": p50, "p50_ms_2_threads": p50_two_threads, "op_ms": profiles,
+        }  # fmt: skip
         print(name, p50, p50_two_threads, flush=True)
     return results
 
 
 def markdown(results: dict[str, Any]) -> str:
-    host = Host.model_validate(results["host"]).label()
     lines = [
         "# The cpu file against LiteRT's, BERT-base and ViT-B/16 size, one thread", "",
-        f"Made by `python -m benchmarks.speed.cpu_vs_litert` at {results['commit']}, "
-        f"{results['date']}, on {host}. Random "
-        "weights, each target's first recipe (pure int8); batch 1, one thread, median thread "
-        f"CPU time of {ROUNDS} round-robin rounds x {CALLS} calls. Goal (issue 67): cpu <= "
-        "1.1x LiteRT. `before`: the file at c076d8d; `cpu, last recipe`: what the cpu ladder's "
+        "Made by `python -m benchmarks.speed.cpu_vs_litert` (each row: the commit, date and host "
+        "below the table). Random weights, each target's first recipe (pure int8); batch 1, one "
+        f"thread, median thread CPU time of {ROUNDS} round-robin rounds x {CALLS} calls, the "
+        "files of a row timed side by side in one process. Goal (issue 67): cpu <= 1.1x "
+        "LiteRT. `before`: the file at c076d8d; `cpu, last recipe`: what the cpu ladder's "
         "last rung makes (biases corrected, u8 weights in 8 bits on ORT's U8U8 kernels), the "
         "file a model that misses the bars on the first two ships. 2 threads: wall time. "
         + results.get("note", ""), "",
@@ -190,6 +206,11 @@ def markdown(results: dict[str, Any]) -> str:
         cells = " | ".join(_ms(p50.get(key)) for key in FILES)
         speedup = p50["before"] / p50["cpu"]
         lines.append(f"| {name} | {cells} | {ratio:.2f}x | {speedup:.2f}x | {pair} |")
+    lines += [""] + [
+        f"- {name}: at {model['commit']}, {model['date']}, on "
+        f"{Host.model_validate(model['host']).label()}"
+        for name, model in results["models"].items()
+    ]
     lines += [
         "",
         "ONNX Runtime's kernel time by op type (ms an inference, its profiler's, top 8):",

@@ -77,24 +77,28 @@ BARS_ON_SUFFIX = ", bars on"  # a bars-on run's key in a model's runs: "2, bars 
 BARS_ON_RUN = f"{BARS_PARALLEL}{BARS_ON_SUFFIX}"
 
 
-def bert_base() -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
+def bert_base(sequence: int = SEQUENCE) -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
     from transformers import BertConfig, BertForSequenceClassification
 
     model = BertForSequenceClassification(BertConfig(num_labels=2))  # BERT-base's defaults
     rng = np.random.default_rng(0)
     count = CALIBRATION + EVALUATION
-    ids = rng.integers(1000, 30000, (count, SEQUENCE))
-    lengths = rng.integers(16, SEQUENCE + 1, count)
-    mask = (np.arange(SEQUENCE)[None, :] < lengths[:, None]).astype(np.int64)
+    ids = rng.integers(1000, 30000, (count, sequence))
+    lengths = rng.integers(min(16, sequence), sequence + 1, count)
+    mask = (np.arange(sequence)[None, :] < lengths[:, None]).astype(np.int64)
     return model, {"input_ids": ids * mask, "attention_mask": mask}
 
 
-def vit_base() -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
+def vit_base(
+    side: int = 224, channels: int = 3, labels: int = 1000
+) -> tuple[torch.nn.Module, dict[str, np.ndarray]]:
     from transformers import ViTConfig, ViTForImageClassification
 
-    model = ViTForImageClassification(ViTConfig(num_labels=1000))  # ViT-B/16's defaults
+    config = ViTConfig(image_size=side, num_channels=channels, num_labels=labels)  # ViT-B/16's
+    model = ViTForImageClassification(config)
     rng = np.random.default_rng(0)
-    images = rng.standard_normal((CALIBRATION + EVALUATION, 3, 224, 224), dtype=np.float32)
+    shape = (CALIBRATION + EVALUATION, channels, side, side)
+    images = rng.standard_normal(shape, dtype=np.float32)
     return model, {"pixel_values": images}
 
 
@@ -212,6 +216,16 @@ def run() -> dict[str, Any]:
     return results
 
 
+def _trained_chain(trained: dict[str, Any]) -> str:
+    """A trained row's models and their fp32 test accuracy, in the order they were made."""
+    accuracy = {key: f"{100 * value:.1f} %" for key, value in trained["test_accuracy"].items()}
+    text = (f"LN teacher {accuracy['teacher']}, UN twin {accuracy['migrated']} "
+            f"({trained['migrate_epochs']} migrate epochs)")  # fmt: skip
+    if "int8_ready" in accuracy:
+        text += f", int8-ready ({' '.join(trained['int8_ready'])}) {accuracy['int8_ready']}"
+    return text
+
+
 def markdown(results: dict[str, Any]) -> str:
     from quant.report import Host
 
@@ -283,14 +297,11 @@ def markdown(results: dict[str, Any]) -> str:
     if trained:
         lines += ["", "The `(trained)` rows (`python -m benchmarks.speed.hf_scale_trained`): "
                   "trained here from the shipped data, an LN teacher and its UN twin by `edge-un "
-                  "migrate`; the twin converted, calibrated on its training split and measured "
-                  "on its held-out test split. fp32 test accuracy:"]  # fmt: skip
-        lines += [
-            f"- {name}: {t['model']} on {t['data']}: LN teacher "
-            f"{100 * t['test_accuracy']['teacher']:.1f} %, UN twin "
-            f"{100 * t['test_accuracy']['migrated']:.1f} % ({t['migrate_epochs']} migrate epochs)"
-            for name, t in trained.items()
-        ]
+                  "migrate` (then, where the row says so, `edge-un finetune --int8-ready`); the "
+                  "last of them converted, calibrated on its training split and measured on its "
+                  "held-out test split. fp32 test accuracy:"]  # fmt: skip
+        lines += [f"- {name}: {t['model']} on {t['data']}: {_trained_chain(t)}"
+                  for name, t in trained.items()]  # fmt: skip
     timed = [(n, k, r) for n, e in results["models"].items() for k, r in e["runs"].items()
              if any(t.get("latency") for t in r.get("targets", {}).values())]  # fmt: skip
     if timed:

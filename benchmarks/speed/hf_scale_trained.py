@@ -53,21 +53,25 @@ from service.settings import Settings
 from service.worker.steps import REPORT_RESERVE
 
 SEED = 0
-# entry name -> tools.make_hf_examples model, its data in words, and the epochs its
-# migration distils for (the command's default, ~1600 steps, would take hours here)
+# entry name -> tools.make_hf_examples model, its data in words, the epochs its migration
+# distils for (the command's default, ~1600 steps, would take hours here) and the arguments of
+# its `edge-un finetune --int8-ready` step (hf_migrate's recipe for the family), or None where
+# the migrated twin is converted as it is
 TRAINED: dict[str, dict[str, Any]] = {
     "vit-b16-mnist": {"model": "vit-b16", "data": "MNIST-5k at 32 x 32 (4 patches of 16)",
-                      "migrate_epochs": 3},
+                      "migrate_epochs": 3, "int8_ready": None},
     "bert-base-rt": {"model": "bert-base", "data": "Rotten Tomatoes at 24 tokens",
-                     "migrate_epochs": 1},
+                     "migrate_epochs": 1, "int8_ready": ["--method", "range", "--target", "32"]},
 }  # fmt: skip
 ONLY = [m for m in os.environ.get("EDGE_UN_BENCH_MODELS", "").split(",") if m]  # a subset
 SUFFIX = " (trained)"
 
 
 def prepare(name: str, work: Path) -> dict[str, Any]:
-    """The LN teacher and its migrated UN twin (made now, or kept from an earlier run)."""
-    model, epochs = TRAINED[name]["model"], TRAINED[name]["migrate_epochs"]
+    """The LN teacher, its migrated UN twin and, where the entry has one, the twin after
+    ``finetune --int8-ready`` (made now, or kept from an earlier run); the last is converted."""
+    spec = TRAINED[name]
+    model, epochs, int8_ready = spec["model"], spec["migrate_epochs"], spec["int8_ready"]
     kept = TEACHERS or work
     paths = {"teacher": kept / f"{model}-ln-{SEED}", "migrated": kept / f"{model}-un-{SEED}"}
     commands = {
@@ -78,6 +82,11 @@ def prepare(name: str, work: Path) -> dict[str, Any]:
                     "2", "--epochs", str(epochs), "--quiet", "--out",
                     str(paths["migrated"])],
     }  # fmt: skip
+    if int8_ready is not None:
+        paths["int8_ready"] = kept / f"{model}-un8-{SEED}"
+        commands["int8-ready"] = [*CLI, "finetune", str(paths["migrated"]), "--int8-ready",
+                                  *int8_ready, "--seed", str(SEED), "--threads", "2", "--quiet",
+                                  "--out", str(paths["int8_ready"])]  # fmt: skip
     seconds = made_once(name, paths, commands, work)
     accuracy = {
         key: edge_un.load_pretrained(path)[1].metadata["test_accuracy"]
@@ -106,15 +115,15 @@ def run() -> dict[str, Any]:
             if ONLY and name not in ONLY:
                 continue
             made = prepare(name, work)
-            migrated = made["paths"]["migrated"]
+            converted_dir = list(made["paths"].values())[-1]  # int8-ready, or the twin
             print(f"{name}: convert, bars on, {budget:.0f} s budget", flush=True)
             converted = hf_scale.convert(
-                migrated, None, None, work, settings, hf_scale.BARS_PARALLEL, budget
+                converted_dir, None, None, work, settings, hf_scale.BARS_PARALLEL, budget
             )
             converted.update(commit=commit, budget_s=budget, job_timeout_s=settings.job_timeout_s)
             results["models"][name + SUFFIX] = {
-                "parameters": parameters(migrated),
-                "onnx_mb": hf_scale._size_mb([migrated / "model.safetensors"]),
+                "parameters": parameters(converted_dir),
+                "onnx_mb": hf_scale._size_mb([converted_dir / "model.safetensors"]),
                 "trained": {
                     **spec,
                     "test_accuracy": made["test_accuracy"],
