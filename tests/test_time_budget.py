@@ -20,6 +20,7 @@ from quant.measure.bars import Bars
 from quant.measure.drift import Drift, measure_drift, onnx_runner
 from quant.ort.bias_correction import correct_biases
 from quant.ort.quantize import preprocess_once, quantize_onnx
+from quant.ort.search import finish_estimate
 from quant.ort.target import build_onnx_target
 from quant.pipeline import convert
 from quant.targets import PROFILES, TargetProfile
@@ -209,3 +210,19 @@ def test_a_per_op_int16_step_the_deadline_reaches_stops_part_way_and_keeps_the_p
     timed, stopped = ladder(Deadline(time.time() + 3600))
     assert not timed.out_of_time and len(timed.steps) >= 2 and timed.steps[0].tensors
     assert not any("stopped part way" in note for note in stopped)
+
+
+def test_the_checks_after_a_search_grow_with_the_passes_they_run_not_with_the_drift_pass() -> None:
+    """What a QDQ build runs after its search (``quant.ort.search.finish_estimate``): the SQNR
+    and latency runs are a fixed number of samples, so a long drift pass over many held-out
+    samples does not make them long; only the pass on this host's kernels (cpu) runs every
+    sample. The trained BERT-base's tda4vm build (a 335 s pass of 2562 samples, ~45 s of checks
+    after it) was once asked for 4 passes, 1340 s, and stopped its ladder with 1083 s left."""
+    tda4vm = finish_estimate(335.0, 2562, host_pass=False)
+    assert 45 < tda4vm < 120
+    # the same cost a sample over twice the samples: the fixed parts do not grow
+    assert finish_estimate(670.0, 5124, host_pass=False) == pytest.approx(tda4vm)
+    cpu = finish_estimate(335.0, 2562, host_pass=True)
+    assert cpu > 0.7 * 335.0 > tda4vm  # cpu's host-kernel pass runs every sample
+    # a small evaluation set: the SQNR's samples are all there are
+    assert finish_estimate(19.0, 100, host_pass=True) > 2.7 * 19.0  # BERT-base's cpu, measured

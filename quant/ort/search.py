@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..deadline import NO_DEADLINE, SearchStopped, cut_note, stop_note, watching
 from ..measure.bars import Bars
-from ..measure.drift import Drift, TensorError, measure_drift, onnx_runner
+from ..measure.drift import SQNR_SAMPLES, Drift, TensorError, measure_drift, onnx_runner
 from ..targets.builder import TargetJob
 from ..targets.fallback_ladder import (
     ceiling_note,
@@ -25,12 +25,29 @@ from ..targets.fallback_ladder import (
 from ..targets.profiles import TargetProfile
 from .quantize import Preprocessed, preprocess_once, quantize_onnx
 
-# What a build does after its search (the shipped file's SQNR: an fp32 and an int8 pass; the
-# host-kernel drift pass; latency; checks), in exact drift passes of the last file, which the
-# build measured: BERT-base's cpu target 27.0 + 12.9 + 13.8 s after a pass of 18-20 s (one
-# target at a time, benchmarks/results/hf_scale.md), 2.7-3.0 passes; 4 leaves a margin, and a
-# file with int16 tensors runs its SQNR again.
-FINISH_PASSES = 4.0
+# What a build runs after its search, in samples' worth of its last exact drift pass (that pass's
+# time over its sample count), each part by what its cost grows with: the shipped file's
+# per-tensor SQNR, an fp32 and an int8 run of at most SQNR_SAMPLES samples keeping every
+# activation (FINISH_SQNR_SAMPLE passes' samples each: BERT-base's cpu target 27.0 s for 64
+# samples after a 100-sample pass of 18-20 s, 2.2; the trained BERT-base's tda4vm file 26 s
+# after a 2562-sample pass of ~335 s, 3.1); the latency runs, a fixed number of calls (73 and
+# 145 samples' worth there); the drift pass on this host's kernels, where the profile has one,
+# over every sample (0.68 of the exact pass). FINISH_MARGIN over their sum. As a fixed 4 passes
+# it asked 1340 s of that tda4vm build for ~45 s of checks, and stopped its ladder after one
+# recipe with 1083 s left.
+FINISH_SQNR_SAMPLE = 3.0
+FINISH_LATENCY_SAMPLES = 150
+FINISH_HOST_PASS = 0.7
+FINISH_MARGIN = 1.5
+
+
+def finish_estimate(pass_s: float, samples: int, host_pass: bool) -> float:
+    """Seconds a build runs after its search, from its last exact drift pass of ``samples``
+    samples (``pass_s``), with or without the pass on this host's kernels."""
+    work = FINISH_SQNR_SAMPLE * min(SQNR_SAMPLES, samples) + FINISH_LATENCY_SAMPLES
+    if host_pass:
+        work += FINISH_HOST_PASS * samples
+    return FINISH_MARGIN * work * pass_s / max(samples, 1)
 
 
 @dataclass(frozen=True)
@@ -82,7 +99,10 @@ class Search:
     def finish_s(self) -> float:
         """How long the build takes after its search, from the last drift pass it measured
         (none yet: as long as the last step)."""
-        return FINISH_PASSES * self.passes[-1] if self.passes else self.step_s
+        if not self.passes:
+            return self.step_s
+        samples, host_pass = len(self.job.evaluation), self.job.profile.host_kernel_drift
+        return finish_estimate(self.passes[-1], samples, host_pass)
 
     def fits(self) -> bool:
         """Whether a step can start: the time left holds what runs after the search and what
