@@ -224,5 +224,5 @@ def test_the_checks_after_a_search_grow_with_the_passes_they_run_not_with_the_dr
     assert finish_estimate(670.0, 5124, host_pass=False) == pytest.approx(tda4vm)
     cpu = finish_estimate(335.0, 2562, host_pass=True)
     assert cpu > 0.7 * 335.0 > tda4vm  # cpu's host-kernel pass runs every sample
-    # a small evaluation set: the SQNR's samples are all there are
-    assert finish_estimate(19.0, 100, host_pass=True) > 2.7 * 19.0  # BERT-base's cpu, measured
+    # the random BERT-base's cpu build, 100 samples: its checks took 2.7-3.0 passes
+    assert finish_estimate(19.0, 100, host_pass=True) > 3.0 * 19.0

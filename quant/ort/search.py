@@ -28,11 +28,12 @@ from .quantize import Preprocessed, preprocess_once, quantize_onnx
 # What a build runs after its search, in samples' worth of its last exact drift pass (that pass's
 # time over its sample count), each part by what its cost grows with: the shipped file's
 # per-tensor SQNR, an fp32 and an int8 run of at most SQNR_SAMPLES samples keeping every
-# activation (FINISH_SQNR_SAMPLE passes' samples each: BERT-base's cpu target 27.0 s for 64
-# samples after a 100-sample pass of 18-20 s, 2.2; the trained BERT-base's tda4vm file 26 s
-# after a 2562-sample pass of ~335 s, 3.1); the latency runs, a fixed number of calls (73 and
-# 145 samples' worth there); the drift pass on this host's kernels, where the profile has one,
-# over every sample (0.68 of the exact pass). FINISH_MARGIN over their sum. As a fixed 4 passes
+# activation (each of its samples costs FINISH_SQNR_SAMPLE of the pass's: BERT-base's cpu target
+# 27.0 s for 64 samples after a 100-sample pass of 18-20 s, 2.2; the trained BERT-base's tda4vm
+# file 26 s after a 2562-sample pass of ~335 s, 3.1); the latency runs, a fixed number of calls
+# (73 and 145 samples' worth there); the drift pass on this host's kernels, where the profile has
+# one, over every sample (0.68 of the exact pass). FINISH_MARGIN over their sum also covers the
+# second SQNR run of a file with int16 tensors. As a fixed 4 passes
 # it asked 1340 s of that tda4vm build for ~45 s of checks, and stopped its ladder after one
 # recipe with 1083 s left.
 FINISH_SQNR_SAMPLE = 3.0
