@@ -117,7 +117,7 @@ def run() -> dict[str, Any]:
             if ONLY and name not in ONLY:
                 continue
             made = prepare(name, work)
-            converted_dir = list(made["paths"].values())[-1]  # int8-ready, or the twin
+            converted_dir = made["paths"].get("int8_ready", made["paths"]["migrated"])
             print(f"{name}: convert, bars on, {budget:.0f} s budget", flush=True)
             converted = hf_scale.convert(
                 converted_dir, None, None, work, settings, hf_scale.BARS_PARALLEL, budget
