@@ -22,6 +22,7 @@ import onnx
 import onnxruntime as ort
 import torch
 from torch import Tensor, nn
+from torch.export import ExportedProgram
 
 import edge_un
 import edge_un.hf
@@ -37,7 +38,7 @@ from .opset import convert_opset, with_static_batch
 from .program import load_program, program_example_inputs, program_input_names
 from .progress import Progress, ProgressEvent, ignore_progress
 from .source import ModelSource
-from .trace import default_example_inputs
+from .trace import default_example_inputs, forward_input_names
 
 ONNX_NAME = "model.onnx"
 REPORT_NAME = "report.json"
@@ -131,6 +132,73 @@ class FoldedSource:
         return tuple(n.name for n in self.folded.graph.nodes if n.op == "placeholder")
 
 
+@dataclass(frozen=True)
+class LoadedSource:
+    """A model read from its source and not yet folded: what may change before the one fold
+    (``edge-un convert --recalibrate`` recomputes its norms' statistics in ``model``).
+
+    ``model`` is the torch model or program, or the ONNX proto; ``input_names`` its inputs in
+    order, as its fold and every export will name them; the rest as in :class:`FoldedSource`."""
+
+    source: ModelSource
+    model: Any
+    example: tuple[Tensor, ...]
+    test_split: tuple[tuple[Tensor, ...], Tensor] | None
+    info: edge_un.CheckpointInfo | None
+    input_names: tuple[str, ...]
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def is_onnx(self) -> bool:
+        return isinstance(self.model, onnx.ModelProto)
+
+
+def load_source(
+    source: ModelSource | str | Path,
+    *,
+    config: str | Path | Mapping[str, Any] | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> LoadedSource:
+    """Read ``source`` (never running code from it) in the format its name says
+    (:meth:`ModelSource.from_path`). ``input_shapes``, one sample of each input as the user's
+    data has it, shapes what is left open: a Hugging Face directory is traced at that sequence
+    length or image size, a program or ONNX file's dynamic dimensions take those sizes."""
+    if not isinstance(source, ModelSource):
+        source = ModelSource.from_path(source)
+    path, shapes = source.path, {k: tuple(v) for k, v in (input_shapes or {}).items()}
+    if source.format == "hf":
+        model, example, test_split, info, names = _load_pretrained_source(path, shapes)
+        return LoadedSource(source, model, example, test_split, info, names, shapes)
+    if not path.is_file():
+        raise ConversionError(f"{path}: no such file or directory")
+    if source.format == "onnx":
+        proto = load_onnx(path)
+        constants = {init.name for init in proto.graph.initializer}
+        names = tuple(v.name for v in proto.graph.input if v.name not in constants)
+        return LoadedSource(source, proto, (), None, None, names, by_input_name(names, shapes))
+    model, example, test_split, info, names = _load_torch_source(source, config, shapes)
+    return LoadedSource(source, model, example, test_split, info, names, shapes)
+
+
+def fold_loaded(loaded: LoadedSource, *, allow_online: bool = False) -> FoldedSource:
+    """Fold every offline norm of ``loaded``'s model (its statistics as they are now)."""
+    if loaded.is_onnx:
+        folded, fold_report = fold_onnx(loaded.model, allow_online=allow_online)
+        fold_report = replace(fold_report, source=loaded.source.path.name)
+    else:
+        folded, fold_report = fold_norms(loaded.model, loaded.example, allow_online=allow_online)
+    result = FoldedSource(
+        loaded.source, fold_report, folded, None if loaded.is_onnx else loaded.model,
+        loaded.example, loaded.test_split, loaded.info, loaded.input_shapes,
+    )  # fmt: skip
+    if result.input_names != loaded.input_names:  # what the data was read by must be the graph's
+        raise ConversionError(
+            f"{loaded.source.path.name}: the folded graph takes {list(result.input_names)}, "
+            f"not the inputs {list(loaded.input_names)} its source names"
+        )
+    return result
+
+
 def load_and_fold(
     source: ModelSource | str | Path,
     *,
@@ -138,27 +206,10 @@ def load_and_fold(
     allow_online: bool = False,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> FoldedSource:
-    """Read ``source`` (never running code from it) and fold every offline norm. A path is
-    read in the format its name says (:meth:`ModelSource.from_path`). ``input_shapes``, one
-    sample of each input as the user's data has it, shapes what is left open: a Hugging Face
-    directory is traced at that sequence length or image size, a program or ONNX file's
-    dynamic dimensions take those sizes."""
-    if not isinstance(source, ModelSource):
-        source = ModelSource.from_path(source)
-    path, shapes = source.path, {k: tuple(v) for k, v in (input_shapes or {}).items()}
-    if source.format == "hf":
-        model, example, test_split, info = _load_pretrained_source(path, shapes)
-        folded, fold_report = fold_norms(model, example, allow_online=allow_online)
-        return FoldedSource(source, fold_report, folded, model, example, test_split, info, shapes)
-    if not path.is_file():
-        raise ConversionError(f"{path}: no such file or directory")
-    if source.format == "onnx":
-        folded, fold_report = fold_onnx(path, allow_online=allow_online)
-        loaded = FoldedSource(source, fold_report, folded, None, (), None, None)
-        return replace(loaded, input_shapes=by_input_name(loaded.input_names, shapes))
-    model, example, test_split, info = _load_torch_source(source, config, shapes)
-    folded, fold_report = fold_norms(model, example, allow_online=allow_online)
-    return FoldedSource(source, fold_report, folded, model, example, test_split, info, shapes)
+    """:func:`load_source` then :func:`fold_loaded`: read ``source`` and fold every offline
+    norm."""
+    loaded = load_source(source, config=config, input_shapes=input_shapes)
+    return fold_loaded(loaded, allow_online=allow_online)
 
 
 def by_input_name(
@@ -249,32 +300,44 @@ def _load_torch_source(
     config: str | Path | Mapping[str, Any] | None,
     shapes: Mapping[str, tuple[int, ...]],
 ) -> tuple[
-    nn.Module, tuple[Tensor, ...], tuple[Tensor, Tensor] | None, edge_un.CheckpointInfo | None
+    nn.Module | ExportedProgram,
+    tuple[Tensor, ...],
+    tuple[tuple[Tensor, ...], Tensor] | None,
+    edge_un.CheckpointInfo | None,
+    tuple[str, ...],
 ]:
     """The model, example inputs to trace it with, (inputs, labels) of the test split that the
-    checkpoint records, if it records one (loaded once: it also supplies the examples), and the
-    checkpoint's info (None for a program)."""
+    checkpoint records, if it records one (loaded once: it also supplies the examples), the
+    checkpoint's info (None for a program) and the model's input names."""
     if source.format == "pt2":
         program = load_program(source.path)
         names = program_input_names(program)
         example = program_example_inputs(program, by_input_name(names, shapes))
         if not example:
             raise ConversionError(f"{source.path.name}: the program carries no example inputs")
-        return program, example, None, None
+        return program, example, None, None, tuple(names)
     model, info = edge_un.load_checkpoint(source.path, config=config, format=source.format)
     if "dataset" in info.metadata:
         inputs, labels = edge_data.checkpoint_split(info, "test")
-        return model, (inputs[:2],), ((inputs,), labels), info
-    return model, default_example_inputs(model), None, info
+        example: tuple[Tensor, ...] = (inputs[:2],)
+        return model, example, ((inputs,), labels), info, forward_input_names(model, example)
+    example = default_example_inputs(model)
+    return model, example, None, info, forward_input_names(model, example)
 
 
 def _load_pretrained_source(
     directory: Path, shapes: Mapping[str, tuple[int, ...]]
-) -> tuple[nn.Module, tuple[Tensor, ...], tuple[tuple[Tensor, ...], Tensor] | None, Any]:
+) -> tuple[
+    nn.Module,
+    tuple[Tensor, ...],
+    tuple[tuple[Tensor, ...], Tensor] | None,
+    edge_un.CheckpointInfo,
+    tuple[str, ...],
+]:
     """A Hugging Face model as users call it: its own forward arguments (``pixel_values``;
     ``input_ids``, ``attention_mask``) by name, its key/value cache off, traced on inputs
     shaped as the user's data (``shapes``), else from the test split it records, else shaped
-    by its config (its output's ``logits`` are the model output)."""
+    by its config (its output's ``logits`` are the model output); and those names."""
     model, info = edge_un.load_pretrained(directory)
     names = list(edge_un.hf.example_inputs(model))
     shaped = edge_un.hf.example_inputs(model, shapes=by_input_name(names, shapes))
@@ -284,8 +347,8 @@ def _load_pretrained_source(
         inputs, labels = edge_data.checkpoint_split(info, "test")
         test_split = (tuple(edge_un.hf.named_inputs(model, inputs).values()), labels)
     if shapes or test_split is None:
-        return model, tuple(shaped.values()), test_split, info
-    return model, tuple(t[:2] for t in test_split[0]), test_split, info
+        return model, tuple(shaped.values()), test_split, info, tuple(names)
+    return model, tuple(t[:2] for t in test_split[0]), test_split, info, tuple(names)
 
 
 def _session(path: Path) -> ort.InferenceSession:

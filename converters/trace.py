@@ -6,6 +6,7 @@ example inputs; the folds read that graph, and it is what a ``.pt2`` program hol
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -25,6 +26,14 @@ def default_example_inputs(model: nn.Module) -> tuple[Tensor, ...]:
     if "vocab_size" in config:
         return (torch.randint(1, config["vocab_size"], (2, config["max_len"])),)
     raise ConversionError(f"cannot guess the inputs of {type(model).__name__}: pass example_inputs")
+
+
+def forward_input_names(model: nn.Module, example_inputs: tuple[Tensor, ...]) -> tuple[str, ...]:
+    """The names ``torch.export`` gives the inputs of ``model`` called with ``example_inputs``
+    positionally: its forward's parameters, in order (what its fold's graph and every export
+    name them, known before the trace: a conversion reads its data by them first)."""
+    parameters = list(inspect.signature(model.forward).parameters.values())
+    return tuple(parameter.name for parameter in parameters[: len(example_inputs)])
 
 
 def export_eval(model: nn.Module, example_inputs: Any) -> ExportedProgram:

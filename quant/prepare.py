@@ -1,11 +1,11 @@
 """A conversion's first step: load and fold the model once, export it once per opset and batch
 its targets need, and leave everything the targets' builds read in the job's directories.
 
-``prepare`` checks what was asked (targets, bars, data), loads and folds the model (and first
-recalibrates its norms when asked), reads the calibration and evaluation data, writes them as
-the .npy files every build memory-maps, exports the folded model at each distinct opset/batch
-of its targets, runs the first export on the evaluation data (the fp32 reference every
-target's drift is measured against), and records all of it as a
+``prepare`` checks what was asked (targets, bars, data), loads the model, reads the calibration
+and evaluation data by its input names, recalibrates its norms when asked, folds it (once),
+writes the data as the .npy files every build memory-maps, exports the folded model at each
+distinct opset/batch of its targets, runs the first export on the evaluation data (the fp32
+reference every target's drift is measured against), and records all of it as a
 :class:`~quant.job_files.Prepared` in the work directory. An export that fails fails the targets
 that need it, each with its reason, not the conversion.
 """
@@ -23,7 +23,13 @@ import onnx
 import torch
 
 from converters.attention_masks import bound_attention_masks
-from converters.fold_and_export import FoldedSource, export_folded, load_and_fold
+from converters.fold_and_export import (
+    FoldedSource,
+    LoadedSource,
+    export_folded,
+    fold_loaded,
+    load_source,
+)
 from converters.fx_attention_masks import bound_program_masks
 from converters.fx_constants import fold_constant_subgraphs
 from converters.fx_integer_argmax import integer_argmax_as_top1
@@ -34,7 +40,7 @@ from .isolation import save_samples
 from .job_files import FP32_OUTPUTS_FILE, ExportedModel, Prepared, export_key
 from .measure.drift import onnx_runner
 from .measure.graph_walk import static_batch
-from .recalibration import check_recalibratable, recalibrate_and_fold, recalibration_note
+from .recalibration import check_recalibratable, recalibrate, recalibration_note
 from .report import schema
 from .request import ConversionRequest
 from .samples import (
@@ -63,22 +69,19 @@ def prepare(request: ConversionRequest, out_dir: Path, work_dir: Path, say: Prog
     # A model that leaves shapes open (a directory; a dynamic axis) takes the calibration
     # data's: its sequence length, its image size.
     shapes = sample_shapes(calib) if calib is not None else {}
-    folded = load_and_fold(
-        request.model, config=request.config, allow_online=request.allow_online,
-        input_shapes=shapes,
-    )  # fmt: skip
+    loaded = load_source(request.model, config=request.config, input_shapes=shapes)
     if batches:
-        check_recalibratable(folded)
-    specs = input_specs(folded)
-    calibration = _samples(calib, folded, specs, "calibration")
-    evaluation = _samples(request.eval, folded, specs, "evaluation")
+        check_recalibratable(loaded)
+    specs = input_specs(loaded)
+    calibration = _samples(calib, loaded, specs, "calibration")
+    evaluation = _samples(request.eval, loaded, specs, "evaluation")
     recalibration = None
-    if batches:
+    if batches:  # before the one fold, which then folds the statistics recomputed
         say(ProgressEvent("recalibrate", 0.03))
         data = calibration if calib is not None else None  # None: the checkpoint's train split
-        folded, recalibration = recalibrate_and_fold(
-            folded, data, evaluation, batches, request.allow_online
-        )
+        recalibration = recalibrate(loaded, data, evaluation, batches)
+    folded = fold_loaded(loaded, allow_online=request.allow_online)
+    del loaded  # an ONNX source's unfolded proto: the fold is what the rest reads
     profiles = request.targets
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -247,39 +250,40 @@ def tflite_program(
     return path, None
 
 
-def input_specs(folded: FoldedSource) -> tuple[InputSpec, ...]:
+def input_specs(source: LoadedSource | FoldedSource) -> tuple[InputSpec, ...]:
     """Each model input: its name, one sample's shape (-1 where the file leaves it open), dtype."""
-    if folded.is_onnx:
-        values = {v.name: v.type.tensor_type for v in folded.folded.graph.input}
+    if source.is_onnx:  # the fold keeps an ONNX model's inputs as they are
+        proto = source.folded if isinstance(source, FoldedSource) else source.model
+        values = {v.name: v.type.tensor_type for v in proto.graph.input}
         specs = []
-        for name in folded.input_names:
+        for name in source.input_names:
             dims = [d.dim_value if d.dim_value > 0 else -1 for d in values[name].shape.dim]
             dtype = onnx.helper.tensor_dtype_to_np_dtype(values[name].elem_type)
             specs.append(InputSpec(name, tuple(dims[1:]), np.dtype(dtype).name))
         return tuple(specs)
     return tuple(
         InputSpec(name, tuple(example.shape[1:]), str(example.numpy().dtype))
-        for name, example in zip(folded.input_names, folded.example, strict=True)
+        for name, example in zip(source.input_names, source.example, strict=True)
     )
 
 
 def _samples(
-    path: str | Path | None, folded: FoldedSource, specs: tuple[InputSpec, ...], purpose: str
+    path: str | Path | None, loaded: LoadedSource, specs: tuple[InputSpec, ...], purpose: str
 ) -> Samples:
     calibrating = purpose == "calibration"
     if path is not None:
         minimum = MIN_CALIBRATION_SAMPLES if calibrating else MIN_EVALUATION_SAMPLES
         return load_npz(path, specs, purpose=purpose, minimum=minimum)
-    if folded.info is None or "dataset" not in folded.info.metadata:
+    if loaded.info is None or "dataset" not in loaded.info.metadata:
         flag = "--calib" if calibrating else "--eval"
         arrays = ", ".join(f"'{spec.name}'" for spec in specs)
         raise DataFileError(
-            f"{folded.source.path.name} records no data set: give {purpose} data as an .npz "
+            f"{loaded.source.path.name} records no data set: give {purpose} data as an .npz "
             f"({flag} F.npz with {arrays} and optional 'labels')"
         )
     if calibrating:
-        return checkpoint_samples(folded.info, "train", CALIBRATION_SAMPLES, specs)
-    return checkpoint_samples(folded.info, "test", specs=specs)
+        return checkpoint_samples(loaded.info, "train", CALIBRATION_SAMPLES, specs)
+    return checkpoint_samples(loaded.info, "test", specs=specs)
 
 
 def _model_info(folded: FoldedSource, specs: tuple[InputSpec, ...]) -> schema.ModelInfo:

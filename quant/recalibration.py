@@ -2,20 +2,17 @@
 
 An edge_un checkpoint's offline norms carry running statistics that lag the final weights;
 :func:`edge_un.recalibrate` recomputes them over N batches of data with the weights frozen. Done
-here on the loaded model, before the norms are folded again into the Linear layers, and
+here on the loaded model, before its one fold puts the norms into the Linear layers, and
 recorded in the report (per-layer TID before and after, fp32 top-1 before and after).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import torch
 
 import edge_un
-from converters import fold_norms
-from converters.fold_and_export import FoldedSource
+from converters.fold_and_export import LoadedSource
 
 from .errors import QuantError
 from .report import schema
@@ -24,43 +21,39 @@ from .samples import Samples, checkpoint_samples
 RECALIBRATION_BATCH = 32  # edge_un.recalibrate's default batch size
 
 
-def check_recalibratable(folded: FoldedSource) -> None:
+def check_recalibratable(loaded: LoadedSource) -> None:
     """Recalibration needs an edge_un checkpoint with at least one offline norm."""
     from edge_un.norms import OfflineNorm
 
-    name = folded.source.path.name
-    if folded.is_onnx:
+    name = loaded.source.path.name
+    if loaded.is_onnx:
         raise QuantError(
             f"{name}: cannot recalibrate an ONNX model (its norms are already folded into the "
             "weights); convert the checkpoint (.safetensors or .pt) it was exported from"
         )
-    if folded.info is None or not isinstance(folded.model, torch.nn.Module):
+    if loaded.info is None or not isinstance(loaded.model, torch.nn.Module):
         raise QuantError(
             f"{name}: cannot recalibrate a torch.export program; convert the edge_un checkpoint "
             "(.safetensors or .pt) instead"
         )
-    if not any(isinstance(module, OfflineNorm) for module in folded.model.modules()):
+    if not any(isinstance(module, OfflineNorm) for module in loaded.model.modules()):
         raise QuantError(f"{name}: the model has no offline norm to recalibrate")
 
 
-def recalibrate_and_fold(
-    folded: FoldedSource,
-    data: Samples | None,
-    evaluation: Samples,
-    batches: int,
-    allow_online: bool,
-) -> tuple[FoldedSource, schema.Recalibration]:
-    """Recompute the offline norms' inference statistics of ``folded.model`` over ``batches``
-    batches of ``data`` (None: the checkpoint's training split), then fold it again."""
-    model = folded.model
+def recalibrate(
+    loaded: LoadedSource, data: Samples | None, evaluation: Samples, batches: int
+) -> schema.Recalibration:
+    """Recompute the offline norms' inference statistics of ``loaded.model`` in place over
+    ``batches`` batches of ``data`` (None: the checkpoint's training split), before its fold."""
+    model = loaded.model
     if data is None:
-        data = checkpoint_samples(folded.info, "train", batches * RECALIBRATION_BATCH)
+        data = checkpoint_samples(loaded.info, "train", batches * RECALIBRATION_BATCH)
     top1_before = _torch_top1(model, evaluation)
     report = edge_un.recalibrate(
         model, torch.from_numpy(data.inputs), batches=batches, batch_size=RECALIBRATION_BATCH
     )
     layers = {name: schema.LayerTID(**vars(tid)) for name, tid in report.layers.items()}
-    result = schema.Recalibration(
+    return schema.Recalibration(
         batches=report.batches,
         batch_size=RECALIBRATION_BATCH,
         samples=report.samples,
@@ -71,8 +64,6 @@ def recalibrate_and_fold(
         top1_fp32_after=_torch_top1(model, evaluation),
         layers=layers,
     )
-    graph, fold_report = fold_norms(model, folded.example, allow_online=allow_online)
-    return replace(folded, fold=fold_report, folded=graph), result
 
 
 @torch.no_grad()
