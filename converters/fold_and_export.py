@@ -1,7 +1,8 @@
 """The conversion job: a model file in; a folded fp32 ONNX file and its report out.
 
-Sources: an edge_un checkpoint (``.safetensors``, or ``.pt``/``.pth`` with a config), a
-``torch.export`` program (``.pt2``) or an fp32 ONNX model (``.onnx``). An edge_un checkpoint that
+Sources (read by ``converters.loaded_source``): an edge_un checkpoint (``.safetensors``, or
+``.pt``/``.pth`` with a config), a Hugging Face directory, a ``torch.export`` program (``.pt2``)
+or an fp32 ONNX model (``.onnx``). An edge_un checkpoint that
 records its data set is also checked on its held-out test split: the folded ONNX model must
 classify like the original torch model, and the report says how closely it did.
 
@@ -22,23 +23,19 @@ import onnx
 import onnxruntime as ort
 import torch
 from torch import Tensor, nn
-from torch.export import ExportedProgram
 
 import edge_un
-import edge_un.hf
-from edge_un import data as edge_data
 from edge_un.training.inputs import logits_of
 
 from .errors import ConversionError
 from .export import ExportInfo, export_onnx, op_histogram
 from .fold import fold_norms
 from .fold_report import FoldReport
+from .loaded_source import LoadedSource, load_source
 from .onnx_fold import fold_onnx, load_onnx
 from .opset import convert_opset, with_static_batch
-from .program import load_program, program_example_inputs, program_input_names
 from .progress import Progress, ProgressEvent, ignore_progress
 from .source import ModelSource
-from .trace import default_example_inputs, forward_input_names
 
 ONNX_NAME = "model.onnx"
 REPORT_NAME = "report.json"
@@ -132,54 +129,6 @@ class FoldedSource:
         return tuple(n.name for n in self.folded.graph.nodes if n.op == "placeholder")
 
 
-@dataclass(frozen=True)
-class LoadedSource:
-    """A model read from its source and not yet folded: what may change before the one fold
-    (``edge-un convert --recalibrate`` recomputes its norms' statistics in ``model``).
-
-    ``model`` is the torch model or program, or the ONNX proto; ``input_names`` its inputs in
-    order, as its fold and every export will name them; the rest as in :class:`FoldedSource`."""
-
-    source: ModelSource
-    model: Any
-    example: tuple[Tensor, ...]
-    test_split: tuple[tuple[Tensor, ...], Tensor] | None
-    info: edge_un.CheckpointInfo | None
-    input_names: tuple[str, ...]
-    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-
-    @property
-    def is_onnx(self) -> bool:
-        return isinstance(self.model, onnx.ModelProto)
-
-
-def load_source(
-    source: ModelSource | str | Path,
-    *,
-    config: str | Path | Mapping[str, Any] | None = None,
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-) -> LoadedSource:
-    """Read ``source`` (never running code from it) in the format its name says
-    (:meth:`ModelSource.from_path`). ``input_shapes``, one sample of each input as the user's
-    data has it, shapes what is left open: a Hugging Face directory is traced at that sequence
-    length or image size, a program or ONNX file's dynamic dimensions take those sizes."""
-    if not isinstance(source, ModelSource):
-        source = ModelSource.from_path(source)
-    path, shapes = source.path, {k: tuple(v) for k, v in (input_shapes or {}).items()}
-    if source.format == "hf":
-        model, example, test_split, info, names = _load_pretrained_source(path, shapes)
-        return LoadedSource(source, model, example, test_split, info, names, shapes)
-    if not path.is_file():
-        raise ConversionError(f"{path}: no such file or directory")
-    if source.format == "onnx":
-        proto = load_onnx(path)
-        constants = {init.name for init in proto.graph.initializer}
-        names = tuple(v.name for v in proto.graph.input if v.name not in constants)
-        return LoadedSource(source, proto, (), None, None, names, by_input_name(names, shapes))
-    model, example, test_split, info, names = _load_torch_source(source, config, shapes)
-    return LoadedSource(source, model, example, test_split, info, names, shapes)
-
-
 def fold_loaded(loaded: LoadedSource, *, allow_online: bool = False) -> FoldedSource:
     """Fold every offline norm of ``loaded``'s model (its statistics as they are now)."""
     if loaded.is_onnx:
@@ -210,16 +159,6 @@ def load_and_fold(
     norm."""
     loaded = load_source(source, config=config, input_shapes=input_shapes)
     return fold_loaded(loaded, allow_online=allow_online)
-
-
-def by_input_name(
-    names: Sequence[str], shapes: Mapping[str, tuple[int, ...]]
-) -> dict[str, tuple[int, ...]]:
-    """``shapes`` keyed by the model's input names: a one-input model's data may call its one
-    array anything (``inputs``)."""
-    if len(names) == 1 and len(shapes) == 1 and names[0] not in shapes:
-        return {names[0]: next(iter(shapes.values()))}
-    return dict(shapes)
 
 
 def export_folded(
@@ -293,62 +232,6 @@ def convert(
     result.summary_path.write_text(summary_markdown(result))
     report(ProgressEvent("done", 1.0))
     return result
-
-
-def _load_torch_source(
-    source: ModelSource,
-    config: str | Path | Mapping[str, Any] | None,
-    shapes: Mapping[str, tuple[int, ...]],
-) -> tuple[
-    nn.Module | ExportedProgram,
-    tuple[Tensor, ...],
-    tuple[tuple[Tensor, ...], Tensor] | None,
-    edge_un.CheckpointInfo | None,
-    tuple[str, ...],
-]:
-    """The model, example inputs to trace it with, (inputs, labels) of the test split that the
-    checkpoint records, if it records one (loaded once: it also supplies the examples), the
-    checkpoint's info (None for a program) and the model's input names."""
-    if source.format == "pt2":
-        program = load_program(source.path)
-        names = program_input_names(program)
-        example = program_example_inputs(program, by_input_name(names, shapes))
-        if not example:
-            raise ConversionError(f"{source.path.name}: the program carries no example inputs")
-        return program, example, None, None, tuple(names)
-    model, info = edge_un.load_checkpoint(source.path, config=config, format=source.format)
-    if "dataset" in info.metadata:
-        inputs, labels = edge_data.checkpoint_split(info, "test")
-        example: tuple[Tensor, ...] = (inputs[:2],)
-        return model, example, ((inputs,), labels), info, forward_input_names(model, example)
-    example = default_example_inputs(model)
-    return model, example, None, info, forward_input_names(model, example)
-
-
-def _load_pretrained_source(
-    directory: Path, shapes: Mapping[str, tuple[int, ...]]
-) -> tuple[
-    nn.Module,
-    tuple[Tensor, ...],
-    tuple[tuple[Tensor, ...], Tensor] | None,
-    edge_un.CheckpointInfo,
-    tuple[str, ...],
-]:
-    """A Hugging Face model as users call it: its own forward arguments (``pixel_values``;
-    ``input_ids``, ``attention_mask``) by name, its key/value cache off, traced on inputs
-    shaped as the user's data (``shapes``), else from the test split it records, else shaped
-    by its config (its output's ``logits`` are the model output); and those names."""
-    model, info = edge_un.load_pretrained(directory)
-    names = list(edge_un.hf.example_inputs(model))
-    shaped = edge_un.hf.example_inputs(model, shapes=by_input_name(names, shapes))
-    edge_un.hf.call_with_names(model, names)
-    test_split = None
-    if "dataset" in info.metadata:
-        inputs, labels = edge_data.checkpoint_split(info, "test")
-        test_split = (tuple(edge_un.hf.named_inputs(model, inputs).values()), labels)
-    if shapes or test_split is None:
-        return model, tuple(shaped.values()), test_split, info, tuple(names)
-    return model, tuple(t[:2] for t in test_split[0]), test_split, info, tuple(names)
 
 
 def _session(path: Path) -> ort.InferenceSession:

@@ -23,16 +23,11 @@ import onnx
 import torch
 
 from converters.attention_masks import bound_attention_masks
-from converters.fold_and_export import (
-    FoldedSource,
-    LoadedSource,
-    export_folded,
-    fold_loaded,
-    load_source,
-)
+from converters.fold_and_export import FoldedSource, export_folded, fold_loaded
 from converters.fx_attention_masks import bound_program_masks
 from converters.fx_constants import fold_constant_subgraphs
 from converters.fx_integer_argmax import integer_argmax_as_top1
+from converters.loaded_source import LoadedSource, load_source
 from converters.progress import Progress, ProgressEvent
 
 from .errors import DataFileError, one_line

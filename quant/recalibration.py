@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 import edge_un
-from converters.fold_and_export import LoadedSource
+from converters.loaded_source import LoadedSource
 
 from .errors import QuantError
 from .report import schema

@@ -11,7 +11,8 @@ import pytest
 
 import converters.fold
 from converters.errors import ConversionError
-from converters.fold_and_export import fold_loaded, load_source
+from converters.fold_and_export import fold_loaded
+from converters.loaded_source import load_source
 from converters.progress import ignore_progress
 from edge_un import examples
 from quant.prepare import prepare
