@@ -262,6 +262,29 @@ def test_a_shared_preparation_makes_each_recipe_s_file_byte_for_byte(
         quantize_onnx(fp32, tmp_path / "other.onnx", CPU, other, (), shared)
 
 
+def test_tda4vm_s_second_recipe_is_the_file_its_first_made_before_correcting_its_biases(
+    vit: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tda4vm's ladder corrects its biases, then takes them as calibrated: with one
+    preparation the second rung's file is copied from the first rung's state before its
+    correction (no second quantization: ORT's quantizer, only counted, is not called), and it
+    is byte for byte the file that recipe makes alone."""
+    import quant.ort.quantize as quantize_module
+
+    fp32, calibration = vit["fp32"]["tda4vm"], vit["calibration"]
+    corrected, calibrated = TDA4VM.int8_recipes
+    shared = preprocess_once(fp32, corrected, calibration, tmp_path)
+    quantize_onnx(fp32, tmp_path / "first.onnx", corrected, calibration, (), shared)
+    alone = quantize_onnx(fp32, tmp_path / "alone.onnx", calibrated, calibration)
+    calls = []
+    quantize_static = quantize_module.quantize_static
+    monkeypatch.setattr(quantize_module, "quantize_static",
+                        lambda *a, **k: calls.append(a) or quantize_static(*a, **k))  # fmt: skip
+    second = quantize_onnx(fp32, tmp_path / "second.onnx", calibrated, calibration, (), shared)
+    assert second.read_bytes() == alone.read_bytes() and not calls
+    assert (tmp_path / "first.onnx").read_bytes() != alone.read_bytes()  # the correction's
+
+
 def test_the_attention_operands_bound_is_their_calibrated_absolute_maximum(
     vit: dict, tmp_path: Path
 ) -> None:

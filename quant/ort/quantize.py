@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +101,11 @@ def quantize_onnx(
     """Quantize ``fp32_path`` for ``profile``; the activations in ``int16_tensors`` get 16 bits.
     ``preparation``: what an earlier quantization of the same file on the same ``calibration``
     left for this one (``preprocess_once``); without it, this call prepares and calibrates alone."""
+    kept = preparation.uncorrected.get((profile, tuple(int16_tensors))) if preparation else None
+    if kept is not None:  # an earlier call made this file on its way to correcting its biases
+        preparation.check(fp32_path, profile, calibration)
+        shutil.copyfile(kept, out_path)
+        return out_path
     model = onnx.load(str(fp32_path))
     input_names = graph_input_names(model)
     fixed = static_batch(model)
@@ -154,6 +160,9 @@ def quantize_onnx(
                 write_choices(quantized, records)
             apply_ort_rewrites(quantized, profile, load_tensors_data(shared.ranges))
             if profile.bias_correction:  # last: on the graph that ships, with its final scales
+                if preparation is not None:
+                    uncorrected = replace(profile, bias_correction=False)
+                    shared.keep_uncorrected(uncorrected, tuple(int16_tensors), quantized)
                 left = {n: axis for n, (axis, _) in means_of.items() if n not in shared.fp32_means}
                 if left:  # no power-of-two pass took them: a pass of their own, once
                     shared.fp32_means.update(channel_means(reference, left, calibration))
@@ -173,8 +182,10 @@ class Preprocessed:
     (weight type, bias correction, 16-bit tensors); neither the graph nor the ranges depend on
     them, only on the file, the Linears-as-Gemm choice and the calibration samples, which
     ``check`` holds a call to. So do the fp32 channel means bias correction measures against,
-    kept here by the first quantization that corrects biases. BERT-base's cpu ladder, its three
-    recipes one after the other: 54.5 / 81.1 / 75.1 -> 42.1 / 44.1 / 32.4 s (measured once)."""
+    kept here by the first quantization that corrects biases, which also keeps its file as it
+    was just before the correction (``uncorrected``: the same recipe without it, tda4vm's second
+    rung, is then a copy). BERT-base's cpu ladder, its three recipes one after the other: 54.5 /
+    81.1 / 75.1 -> 42.1 / 44.1 / 32.4 s (measured once)."""
 
     fp32_path: Path
     gemm_linears: bool
@@ -182,6 +193,17 @@ class Preprocessed:
     graph: Path
     ranges: Path
     fp32_means: dict[str, np.ndarray] = field(default_factory=dict)
+    # (recipe, int16 tensors) -> a file a quantization that corrects its biases wrote just
+    # before correcting them: that recipe without the correction, made already (tda4vm's second
+    # rung; everything before the correction is the same, the power-of-two scales included)
+    uncorrected: dict[tuple[TargetProfile, tuple[str, ...]], Path] = field(default_factory=dict)
+
+    def keep_uncorrected(
+        self, recipe: TargetProfile, int16_tensors: tuple[str, ...], model: onnx.ModelProto
+    ) -> None:
+        path = self.graph.parent / f"uncorrected_{len(self.uncorrected)}.onnx"
+        onnx.save_model(model, str(path))
+        self.uncorrected[(recipe, int16_tensors)] = path
 
     def check(self, fp32_path: Path, profile: TargetProfile, calibration: Samples) -> None:
         if (
