@@ -1,12 +1,13 @@
 """A conversion's first step: load and fold the model once, export it once per opset and batch
 its targets need, and leave everything the targets' builds read in the job's directories.
 
-``prepare`` checks what was asked (targets, bars, data), loads the model, reads the calibration
-and evaluation data by its input names, recalibrates its norms when asked, folds it (once),
-writes the data as the .npy files every build memory-maps, exports the folded model at each
-distinct opset/batch of its targets, runs the first export on the evaluation data (the fp32
-reference every target's drift is measured against), and records all of it as a
-:class:`~quant.job_files.Prepared` in the work directory. An export that fails fails the targets
+``prepare`` checks what was asked (targets, bars, data), loads and folds the model once (asked
+to recalibrate its norms, it reads the data by the model's input names and recalibrates first),
+reads the calibration and evaluation data, writes them as the .npy files every build
+memory-maps, exports the folded model at each distinct opset/batch of its targets, runs the
+first export on the evaluation data (the fp32 reference every target's drift is measured
+against), and records all of it as a :class:`~quant.job_files.Prepared` in the work directory.
+An export that fails fails the targets
 that need it, each with its reason, not the conversion.
 """
 
@@ -65,17 +66,20 @@ def prepare(request: ConversionRequest, out_dir: Path, work_dir: Path, say: Prog
     # data's: its sequence length, its image size.
     shapes = sample_shapes(calib) if calib is not None else {}
     loaded = load_source(request.model, config=request.config, input_shapes=shapes)
+    # folded before the data is read (a model that cannot fold is refused first), except when
+    # its norms are recalibrated on that data: then once, after
+    folded = None if batches else fold_loaded(loaded, allow_online=request.allow_online)
     if batches:
         check_recalibratable(loaded)
     specs = input_specs(loaded)
     calibration = _samples(calib, loaded, specs, "calibration")
     evaluation = _samples(request.eval, loaded, specs, "evaluation")
     recalibration = None
-    if batches:  # before the one fold, which then folds the statistics recomputed
+    if folded is None:
         say(ProgressEvent("recalibrate", 0.03))
         data = calibration if calib is not None else None  # None: the checkpoint's train split
         recalibration = recalibrate(loaded, data, evaluation, batches)
-    folded = fold_loaded(loaded, allow_online=request.allow_online)
+        folded = fold_loaded(loaded, allow_online=request.allow_online)
     del loaded  # an ONNX source's unfolded proto: the fold is what the rest reads
     profiles = request.targets
     out_dir.mkdir(parents=True, exist_ok=True)
