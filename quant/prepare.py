@@ -7,8 +7,7 @@ reads the calibration and evaluation data, writes them as the .npy files every b
 memory-maps, exports the folded model at each distinct opset/batch of its targets, runs the
 first export on the evaluation data (the fp32 reference every target's drift is measured
 against), and records all of it as a :class:`~quant.job_files.Prepared` in the work directory.
-An export that fails fails the targets
-that need it, each with its reason, not the conversion.
+An export that fails fails the targets that need it, each with its reason, not the conversion.
 """
 
 from __future__ import annotations
