@@ -32,7 +32,8 @@ from .export import ExportInfo, export_onnx, op_histogram
 from .fold import fold_norms
 from .fold_report import FoldReport
 from .loaded_source import LoadedSource, load_source
-from .onnx_fold import fold_onnx, load_onnx
+from .onnx_fold import fold_onnx
+from .onnx_load import load_onnx, onnx_input_names
 from .opset import convert_opset, with_static_batch
 from .progress import Progress, ProgressEvent, ignore_progress
 from .source import ModelSource
@@ -124,8 +125,7 @@ class FoldedSource:
         """The model's inputs, in order, as every export of it names them (a torch model's
         forward arguments: ``images``; ``input_ids``, ``attention_mask``)."""
         if self.is_onnx:
-            constants = {init.name for init in self.folded.graph.initializer}
-            return tuple(v.name for v in self.folded.graph.input if v.name not in constants)
+            return onnx_input_names(self.folded)
         return tuple(n.name for n in self.folded.graph.nodes if n.op == "placeholder")
 
 

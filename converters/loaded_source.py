@@ -23,7 +23,7 @@ import edge_un.hf
 from edge_un import data as edge_data
 
 from .errors import ConversionError
-from .onnx_fold import load_onnx
+from .onnx_load import load_onnx, onnx_input_names
 from .program import load_program, program_example_inputs, program_input_names
 from .source import ModelSource
 from .trace import default_example_inputs, forward_input_names
@@ -70,8 +70,7 @@ def load_source(
         raise ConversionError(f"{path}: no such file or directory")
     if source.format == "onnx":
         proto = load_onnx(path)
-        constants = {init.name for init in proto.graph.initializer}
-        names = tuple(v.name for v in proto.graph.input if v.name not in constants)
+        names = onnx_input_names(proto)
         return LoadedSource(source, proto, (), None, None, names, by_input_name(names, shapes))
     model, example, test_split, info, names = _load_torch_source(source, config, shapes)
     return LoadedSource(source, model, example, test_split, info, names, shapes)

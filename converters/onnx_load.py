@@ -28,6 +28,12 @@ UNSIZED_TYPES = {
 }  # fmt: skip
 
 
+def onnx_input_names(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The model's inputs in order, not its initializers (an old exporter lists those too)."""
+    constants = {init.name for init in model.graph.initializer}
+    return tuple(v.name for v in model.graph.input if v.name not in constants)
+
+
 def load_onnx(path: str | Path, *, data_dir: str | Path | None = None) -> onnx.ModelProto:
     """Read and check an ONNX file, its external data (if any) read from ``data_dir`` (default:
     the file's own directory); anything wrong is a NotAnOnnxModelError (one line)."""
